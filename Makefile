@@ -1,0 +1,44 @@
+# fencepost — the two commands that matter: `make run` and `make test`.
+# Everything they need (venv, Python packages, the local DynamoDB-compatible
+# test server) is installed here; nothing is expected to be installed by hand.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed-stamp
+ARGS   ?=
+
+.PHONY: run test check generate bench reliability setup clean docs
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -c 'import fencepost, fencepost_server, grpc_tools, moto, aioboto3, hypothesis'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Start the server on its embedded default (SQLite under ./.fencepost, 127.0.0.1:50051).
+run: setup
+	$(VENV)/bin/fencepost serve $(ARGS)
+
+## Regenerate the Python stubs (+ .pyi) from proto/.
+generate: setup
+	PY=$(PY) scripts/generate.sh
+
+## Generated code fresh, buf lint, buf breaking against the previous commit.
+check: setup
+	PY=$(PY) scripts/check.sh
+
+## The whole suite (contract on every backend, api, domain, short reliability).
+test: check
+	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+
+## Benchmarks (never part of `make test`).
+bench: setup
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .fencepost .pytest_cache

@@ -1,0 +1,20 @@
+"""fencepost client SDK: typed async + sync clients over the generated stubs.
+
+    import fencepost
+    with fencepost.Client("127.0.0.1:50051") as fp:
+        fp.put("greeting", b"hello")
+        print(fp.get("greeting").value)
+"""
+
+from . import errors, reasons
+from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
+from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
+from .client import AsyncClient, Client
+from .errors import FencepostError
+from .keys import author_kv, encode_segment
+
+__all__ = [
+    "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
+    "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
+    "author_kv", "encode_segment", "errors", "reasons",
+]

@@ -1,0 +1,149 @@
+"""One call wrapper for every RPC: deadline, metadata, retries, typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from . import reasons
+from .errors import DeadlineExceeded, FencepostError, error_for
+
+_DETAILS_KEY = "grpc-status-details-bin"
+
+Metadata = Sequence[tuple[str, str]] | Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries UNAVAILABLE with jittered exponential backoff, within the deadline.
+
+    A call is retried only when that is safe: reads, and writes that carry a
+    request id (the SDK fills one in), so a retried write applies once.
+    """
+
+    max_attempts: int = 5
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+
+    def delays(self) -> list[float]:
+        out, delay = [], self.initial_backoff
+        for _ in range(self.max_attempts - 1):
+            out.append(random.uniform(0, delay))  # full jitter
+            delay = min(delay * self.multiplier, self.max_backoff)
+        return out
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+DEFAULT_RETRY = RetryPolicy()
+
+
+def translate(exc: grpc.aio.AioRpcError | grpc.RpcError) -> FencepostError:
+    """The SDK's typed exception for a gRPC error (keeps message and metadata)."""
+    code = exc.code()
+    code_name = code.name if code is not None else "UNKNOWN"
+    message = exc.details() or code_name
+    reason, meta, violations = "", {}, {}
+    trailing = exc.trailing_metadata() or ()
+    for key, value in trailing:
+        if key == _DETAILS_KEY:
+            status = status_pb2.Status.FromString(value)
+            message = status.message or message
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    reason, meta = info.reason, dict(info.metadata)
+                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                    bad = error_details_pb2.BadRequest()
+                    detail.Unpack(bad)
+                    violations = {v.field: v.description for v in bad.field_violations}
+    if code_name == "RESOURCE_EXHAUSTED" and not reason and "message larger than max" in message.lower():
+        reason = reasons.MESSAGE_TOO_LARGE
+    err = error_for(code_name, message, reason, meta, violations)
+    err.__cause__ = exc
+    return err
+
+
+def _retryable(err: FencepostError, safe: bool) -> bool:
+    # PERSISTENCE_UNCERTAIN included: a safe call (a read, or a write with a
+    # request id) may be re-sent; anything else surfaces to the caller.
+    return safe and err.code == "UNAVAILABLE"
+
+
+class Caller:
+    """Holds the channel-wide defaults; `call` and `stream` are used by every method."""
+
+    def __init__(self, timeout: float | None, metadata: Metadata | None, retry: RetryPolicy) -> None:
+        self.timeout = timeout
+        self.metadata = list(_pairs(metadata))
+        self.retry = retry
+
+    def _metadata(self, extra: Metadata | None) -> list[tuple[str, str]]:
+        return [*self.metadata, *_pairs(extra)]
+
+    async def call(
+        self,
+        method: Callable[..., Any],
+        request: Any,
+        *,
+        safe: bool,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        policy = retry or self.retry
+        delays = policy.delays() if safe else []
+        md = self._metadata(metadata)
+        attempt = 0
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded("deadline exceeded before the call could be (re)tried")
+            try:
+                return await method(request, timeout=remaining, metadata=md)
+            except grpc.aio.AioRpcError as exc:
+                err = translate(exc)
+                if attempt >= len(delays) or not _retryable(err, safe):
+                    raise err from exc
+            delay = delays[attempt]
+            attempt += 1
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise err
+            await asyncio.sleep(delay)
+
+    async def stream(
+        self,
+        method: Callable[..., Any],
+        request: Any,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+    ) -> AsyncIterator[Any]:
+        """Server-streaming call; errors become typed exceptions. `timeout`
+        defaults to none for streams (they may be long-lived)."""
+        call = method(request, timeout=timeout, metadata=self._metadata(metadata))
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc) from exc
+        finally:
+            call.cancel()
+
+
+def _pairs(md: Metadata | None) -> list[tuple[str, str]]:
+    if md is None:
+        return []
+    if isinstance(md, Mapping):
+        return list(md.items())
+    return list(md)

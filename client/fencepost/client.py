@@ -1,0 +1,146 @@
+"""The async client (hand-written) and the sync client (derived from it).
+
+Each service's methods live in their own mixin module (`_kv.py`, ...); the
+sync `Client` is built from `AsyncClient` by introspection at import time, so
+the two can never drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import grpc
+
+from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
+from ._kv import KvMethods
+from .v1 import kv_pb2_grpc
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class AsyncClient(KvMethods):
+    """Async fencepost client. Every method takes keyword-only `timeout`,
+    `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
+
+        async with fencepost.AsyncClient("127.0.0.1:50051") as fp:
+            await fp.put("greeting", b"hello")
+    """
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        options: list[tuple[str, Any]] | None = None,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        md = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
+        if token:
+            md.append(("authorization", f"Bearer {token}"))
+        if channel is None:
+            if credentials is not None:
+                channel = grpc.aio.secure_channel(target, credentials, options=options)
+            else:
+                channel = grpc.aio.insecure_channel(target, options=options)
+        self._channel = channel
+        self._caller = Caller(timeout, md, retry)
+        self._kv = kv_pb2_grpc.KvServiceStub(channel)
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self._channel
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _LoopThread:
+    """A private event loop in a daemon thread that runs the async client."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fencepost-client", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class Client:
+    """Blocking fencepost client with the same methods and arguments as
+    `AsyncClient` (generated from it). Async iterators become iterators."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", **kwargs: Any) -> None:
+        self._runner = _LoopThread()
+
+        async def make() -> AsyncClient:
+            return AsyncClient(target, **kwargs)
+
+        self._async = self._runner.run(make())
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.run(self._async.close())
+            self._runner.stop()
+            self._runner = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _sync_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        def gen(self: Client, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            agen: AsyncIterator[Any] = getattr(self._async, name)(*args, **kwargs)
+            try:
+                while True:
+                    try:
+                        yield self._runner.run(agen.__anext__())
+                    except StopAsyncIteration:
+                        return
+            finally:
+                self._runner.run(agen.aclose())  # type: ignore[attr-defined]
+
+        return gen
+
+    @functools.wraps(fn)
+    def call(self: Client, *args: Any, **kwargs: Any) -> Any:
+        return self._runner.run(getattr(self._async, name)(*args, **kwargs))
+
+    return call
+
+
+def _derive_sync() -> None:
+    for name, fn in inspect.getmembers(AsyncClient, inspect.isfunction):
+        if name.startswith("_") or name in ("close",):
+            continue
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            setattr(Client, name, _sync_method(name, fn))
+
+
+_derive_sync()

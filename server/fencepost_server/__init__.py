@@ -1,0 +1,1 @@
+"""fencepost server: gRPC servicers over the domain rules over a storage backend."""

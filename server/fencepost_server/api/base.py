@@ -1,0 +1,182 @@
+"""What every servicer shares: the caller's identity, error mapping, metrics.
+
+Servicer methods are wrapped by `unary` / `server_stream`, which
+- resolve the caller (tenant + role) through the configured authenticator,
+- turn domain and storage errors into a gRPC status with a google.rpc.ErrorInfo
+  (and a BadRequest field violation when the error names a field),
+- record the RPC in the metrics.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from fencepost import reasons
+
+from ..domain.errors import Code, DomainError, PermissionDenied
+from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
+
+log = logging.getLogger("fencepost.rpc")
+
+_GRPC_CODES = {c: getattr(grpc.StatusCode, c.value) for c in Code}
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str
+    role: str  # "service" | "operator"
+    subject: str  # token name, SPIFFE id, ... (never the secret)
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
+
+
+_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("fencepost_caller")
+
+
+def caller() -> Caller:
+    """The authenticated caller of the RPC being served."""
+    return _caller.get()
+
+
+def require_operator(what: str) -> Caller:
+    who = caller()
+    if not who.is_operator:
+        raise PermissionDenied(reasons.PERMISSION_DENIED, f"{what} needs the operator role", {"role": who.role})
+    return who
+
+
+class Authenticator(Protocol):
+    def identify(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller, or raise a DomainError (UNAUTHENTICATED)."""
+        ...
+
+
+class RpcObserver(Protocol):
+    def rpc_done(self, method: str, code: str, seconds: float) -> None: ...
+
+
+class NullObserver:
+    def rpc_done(self, method: str, code: str, seconds: float) -> None:
+        pass
+
+
+def status_of(exc: BaseException) -> status_pb2.Status:
+    """The google.rpc.Status for an error raised while serving."""
+    if isinstance(exc, DomainError):
+        code, reason, message, metadata, field = exc.code, exc.reason, exc.message, exc.metadata, exc.field
+    elif isinstance(exc, PersistenceUncertain):
+        code, reason, message, metadata, field = (
+            Code.UNAVAILABLE, reasons.PERSISTENCE_UNCERTAIN,
+            f"the write may or may not have been applied ({exc}); re-read before retrying", {}, None,
+        )
+    elif isinstance(exc, BackendUnavailable):
+        code, reason, message, metadata, field = (
+            Code.UNAVAILABLE, reasons.BACKEND_UNAVAILABLE, f"backend unavailable: {exc}", {}, None,
+        )
+    elif isinstance(exc, InvalidTransaction):
+        code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
+    else:
+        code, reason, message, metadata, field = Code.INTERNAL, "INTERNAL", "internal error", {}, None
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=reasons.DOMAIN, metadata=metadata)
+    details = [_pack(info)]
+    if field is not None:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message)
+        details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
+    return status_pb2.Status(code=_GRPC_CODES[code].value[0], message=message, details=details)
+
+
+def _pack(msg: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(msg)
+    return packed
+
+
+_SERVING_ERRORS = (DomainError, BackendUnavailable, InvalidTransaction)
+
+
+class ServicerBase:
+    """Holds the authenticator and observer every wrapped method uses."""
+
+    def __init__(self, auth: Authenticator, observer: RpcObserver | None = None) -> None:
+        self.auth = auth
+        self.observer: RpcObserver = observer or NullObserver()
+
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+def _method_name(fn: Callable[..., Any]) -> str:
+    return fn.__qualname__.replace("Servicer.", "/")
+
+
+def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
+    name = _method_name(fn)
+
+    @functools.wraps(fn)
+    async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            _caller.set(self.auth.identify(context))
+            return await fn(self, request, context)
+        except _SERVING_ERRORS as exc:
+            status = status_of(exc)
+            code = _code_name(status.code)
+            await context.abort_with_status(rpc_status.to_status(status))
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = "INTERNAL"
+            log.exception("unhandled error in %s", name)
+            await context.abort_with_status(rpc_status.to_status(status_of(exc)))
+        finally:
+            self.observer.rpc_done(name, code, time.perf_counter() - started)
+
+    return wrapper
+
+
+def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:
+    name = _method_name(fn)
+
+    @functools.wraps(fn)
+    async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            _caller.set(self.auth.identify(context))
+            async for item in fn(self, request, context):
+                yield item
+        except _SERVING_ERRORS as exc:
+            status = status_of(exc)
+            code = _code_name(status.code)
+            await context.abort_with_status(rpc_status.to_status(status))
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = "INTERNAL"
+            log.exception("unhandled error in %s", name)
+            await context.abort_with_status(rpc_status.to_status(status_of(exc)))
+        finally:
+            self.observer.rpc_done(name, code, time.perf_counter() - started)
+
+    return wrapper
+
+
+_CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES.get(code, "UNKNOWN")

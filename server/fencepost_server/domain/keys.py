@@ -1,0 +1,43 @@
+"""The server's key layout. Every key the server touches is under a tenant:
+
+    {tenant}/kv/{caller key}                 KvService keys, as the caller named them
+    {tenant}/sys/agentkit/v1/{agent}/...     framework keys (ledger, journal, memory, ...)
+    #/...                                    server-global bookkeeping (request ids, ...)
+
+`{tenant}` and every caller-controlled framework segment go through
+`encode_segment`, so neither can contain `/`, and `#` (always percent-encoded)
+can never start a tenant: the three spaces cannot collide.
+"""
+
+from __future__ import annotations
+
+from fencepost.keys import encode_segment
+
+GLOBAL_PREFIX = "#/"
+
+
+class TenantKeys:
+    """Key builder for one tenant."""
+
+    __slots__ = ("tenant", "root", "kv_root", "sys_root")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.root = encode_segment(tenant) + "/"
+        self.kv_root = self.root + "kv/"
+        self.sys_root = self.root + "sys/"
+
+    def kv(self, key: str) -> str:
+        """Scope a caller's KvService key."""
+        return self.kv_root + key
+
+    def unscope_kv(self, stored: str) -> str:
+        return stored[len(self.kv_root):]
+
+    def agent(self, agent: str) -> str:
+        """Prefix of every framework key of one agent (`.../agentkit/v1/{agent}/`)."""
+        return f"{self.sys_root}agentkit/v1/{encode_segment(agent)}/"
+
+    def sys(self, *segments: str) -> str:
+        """A framework key from already-safe segments (encode caller parts first)."""
+        return self.sys_root + "/".join(segments)

@@ -1,0 +1,264 @@
+"""KvService rules: key scoping, limits, pagination, CAS, Txn and request ids."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fencepost import reasons
+
+from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
+from .conditions import Unsatisfiable, plan
+from .errors import Aborted, InvalidArgument, limit_error
+from .keys import TenantKeys
+from .limits import Limits
+from .paging import decode_token, encode_token, page_size
+from .requests import RequestLog
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    key: str
+    expect: Expect
+
+
+@dataclass(frozen=True, slots=True)
+class CasOutcome:
+    applied: bool
+    version: str  # new version when applied, else current ("" when absent)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOutcome:
+    succeeded: bool
+    versions: tuple[str, ...]
+    failed_compares: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[Item]
+    next_page_token: str
+
+
+def check_key(key: str, limits: Limits, field: str = "key", *, allow_empty: bool = False) -> None:
+    if not key and not allow_empty:
+        raise InvalidArgument(reasons.KEY_INVALID, f"{field} must not be empty", field=field)
+    if "\x00" in key:
+        raise InvalidArgument(reasons.KEY_INVALID, f"{field} must not contain NUL", field=field)
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > limits.max_key_bytes:
+        raise limit_error(reasons.KEY_TOO_LONG, field, limits.max_key_bytes, size, field=field)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(reasons.KEY_INVALID, f"{field} is not valid UTF-8", field=field) from None
+
+
+def check_value(value: bytes, limits: Limits, field: str = "value") -> None:
+    if len(value) > limits.max_value_bytes:
+        raise limit_error(reasons.VALUE_TOO_LARGE, field, limits.max_value_bytes, len(value), field=field)
+
+
+def _fingerprint(*parts: object) -> bytes:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(repr(part).encode())
+        h.update(b"\x00")
+    return h.digest()
+
+
+class KvStore:
+    """The KV rules over one backend. Stateless apart from its configuration."""
+
+    _TXN_ATTEMPTS = 8
+
+    def __init__(self, storage: Storage, limits: Limits, requests: RequestLog) -> None:
+        self.storage = storage
+        self.limits = limits
+        self.requests = requests
+
+    # -- reads -------------------------------------------------------------
+    async def get(self, tenant: str, key: str) -> Item | None:
+        check_key(key, self.limits)
+        keys = TenantKeys(tenant)
+        item = await self.storage.get(keys.kv(key))
+        return Item(key, item.value, item.version) if item else None
+
+    async def list(self, tenant: str, prefix: str, size: int, token: str, *, values: bool = True) -> Page:
+        check_key(prefix, self.limits, "prefix", allow_empty=True)
+        limit = page_size(self.limits, size)
+        after = decode_token(prefix, token)
+        keys = TenantKeys(tenant)
+        scoped_after = keys.kv(after) if after is not None else None
+        # One extra row tells whether another page exists without a second call.
+        if values:
+            rows = await self.storage.list(keys.kv(prefix), scoped_after, limit + 1)
+            items = [Item(keys.unscope_kv(r.key), r.value, r.version) for r in rows]
+        else:
+            names = await self.storage.list_keys(keys.kv(prefix), scoped_after, limit + 1)
+            items = [Item(keys.unscope_kv(n), b"", "") for n in names]
+        more = len(items) > limit
+        items = items[:limit]
+        token_out = encode_token(prefix, items[-1].key) if more else ""
+        return Page(items, token_out)
+
+    # -- writes ------------------------------------------------------------
+    async def put(self, tenant: str, key: str, value: bytes, request_id: str = "") -> str:
+        check_key(key, self.limits)
+        check_value(value, self.limits)
+        scoped = TenantKeys(tenant).kv(key)
+        if not request_id:
+            return await self.storage.put(scoped, value)
+        fp = _fingerprint("put", key, hashlib.sha256(value).digest())
+        result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)])
+        if result is None:  # a retry of an applied request: report the key as it is now
+            return await self._current_version(scoped)
+        return result.versions[0] or ""
+
+    async def delete(self, tenant: str, key: str, request_id: str = "") -> bool:
+        check_key(key, self.limits)
+        scoped = TenantKeys(tenant).kv(key)
+        if not request_id:
+            return await self.storage.delete(scoped)
+        fp = _fingerprint("delete", key)
+        # Conditioned on existence so the response can say whether it existed.
+        result = await self.requests.transact(tenant, request_id, fp, [], [Delete(scoped, Expect(exists=True))])
+        if result is None:
+            return True
+        return result.applied
+
+    async def put_if_absent(self, tenant: str, key: str, value: bytes, request_id: str = "") -> CasOutcome:
+        check_key(key, self.limits)
+        check_value(value, self.limits)
+        scoped = TenantKeys(tenant).kv(key)
+        if not request_id:
+            res = await self.storage.put_if_absent(scoped, value)
+            return CasOutcome(res.applied, res.version or "")
+        fp = _fingerprint("put_if_absent", key, hashlib.sha256(value).digest())
+        return await self._conditional(tenant, request_id, fp, Put(scoped, value, Expect(exists=False)))
+
+    async def put_if_version(
+        self, tenant: str, key: str, value: bytes, expected: str, request_id: str = ""
+    ) -> CasOutcome:
+        check_key(key, self.limits)
+        check_value(value, self.limits)
+        self._check_version(expected)
+        scoped = TenantKeys(tenant).kv(key)
+        if not request_id:
+            res = await self.storage.put_if_version(scoped, value, expected)
+            return CasOutcome(res.applied, res.version or "")
+        fp = _fingerprint("put_if_version", key, expected, hashlib.sha256(value).digest())
+        return await self._conditional(tenant, request_id, fp, Put(scoped, value, Expect(version=expected)))
+
+    async def delete_if_version(self, tenant: str, key: str, expected: str, request_id: str = "") -> CasOutcome:
+        check_key(key, self.limits)
+        self._check_version(expected)
+        scoped = TenantKeys(tenant).kv(key)
+        if not request_id:
+            res = await self.storage.delete_if_version(scoped, expected)
+            return CasOutcome(res.applied, res.version or "")
+        fp = _fingerprint("delete_if_version", key, expected)
+        return await self._conditional(tenant, request_id, fp, Delete(scoped, Expect(version=expected)))
+
+    async def txn(
+        self,
+        tenant: str,
+        compares: Sequence[Compare],
+        success: Sequence[Write],
+        failure: Sequence[Write],
+        request_id: str = "",
+    ) -> TxnOutcome:
+        """etcd-style Txn: when every compare holds apply `success`, else `failure`,
+        atomically. The failure branch is applied conditioned on the exact state
+        that made the compares fail, so the decision and the writes are atomic."""
+        self._check_txn(compares, success, failure)
+        keys = TenantKeys(tenant)
+        cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
+        success_s = [_scope_write(keys, w) for w in success]
+        failure_s = [_scope_write(keys, w) for w in failure]
+        fp = _fingerprint("txn", compares, success, failure)
+        for _ in range(self._TXN_ATTEMPTS):
+            try:
+                checks, writes = plan(cmp_scoped, success_s)
+            except Unsatisfiable:
+                checks, writes = None, None
+            if writes is not None:
+                result = await self.requests.transact(tenant, request_id, fp, checks or [], writes)
+                if result is None:
+                    return TxnOutcome(True, (), ())
+                if result.applied:
+                    return TxnOutcome(True, tuple(v or "" for v in result.versions), ())
+            # Some compare failed: read the compared keys and decide on that snapshot.
+            snapshot = {k: await self.storage.get(k) for k, _ in cmp_scoped}
+            failed = tuple(i for i, (k, e) in enumerate(cmp_scoped) if not e.holds(snapshot[k]))
+            if not failed:
+                continue  # raced with a writer that made the compares hold again
+            pins = [
+                (k, Expect(version=item.version) if item else Expect(exists=False)) for k, item in snapshot.items()
+            ]
+            checks, writes = plan(pins, failure_s)
+            result = await self.requests.transact(tenant, request_id, fp, checks, writes)
+            if result is None:
+                return TxnOutcome(False, (), failed)
+            if result.applied:
+                return TxnOutcome(False, tuple(v or "" for v in result.versions), failed)
+        raise Aborted(
+            reasons.TXN_CONTENDED,
+            "the compared keys kept changing; retry the transaction",
+        )
+
+    # -- helpers -----------------------------------------------------------
+    async def _conditional(self, tenant: str, request_id: str, fp: bytes, write: Write) -> CasOutcome:
+        result = await self.requests.transact(tenant, request_id, fp, [], [write])
+        if result is None or result.applied:
+            version = result.versions[0] if result else await self._current_version(write.key)
+            return CasOutcome(True, version or "")
+        return CasOutcome(False, await self._current_version(write.key))
+
+    async def _current_version(self, scoped: str) -> str:
+        item = await self.storage.get(scoped)
+        return item.version if item else ""
+
+    def _check_version(self, expected: str) -> None:
+        if not expected:
+            raise InvalidArgument(
+                reasons.VERSION_INVALID, "expected_version must not be empty", field="expected_version"
+            )
+
+    def _check_txn(self, compares: Sequence[Compare], success: Sequence[Write], failure: Sequence[Write]) -> None:
+        for i, c in enumerate(compares):
+            check_key(c.key, self.limits, f"compares[{i}].key")
+        for name, branch in (("success_ops", success), ("failure_ops", failure)):
+            seen: set[str] = set()
+            size = 0
+            for i, w in enumerate(branch):
+                check_key(w.key, self.limits, f"{name}[{i}].key")
+                if isinstance(w, Put):
+                    check_value(w.value, self.limits, f"{name}[{i}].value")
+                    size += len(w.value)
+                size += len(w.key.encode())
+                if w.key in seen:
+                    raise InvalidArgument(
+                        reasons.TXN_DUPLICATE_KEY, f"{name} names key {w.key!r} twice",
+                        {"key": w.key}, field=name,
+                    )
+                seen.add(w.key)
+            ops = len(compares) + len(branch)
+            # +2 leaves room for the request-id marker and its previous-window check.
+            if ops + 2 > self.limits.max_txn_ops:
+                raise InvalidArgument(
+                    reasons.TXN_TOO_LARGE,
+                    f"transaction has {ops} operations, over the limit of {self.limits.max_txn_ops - 2}",
+                    {"limit": self.limits.max_txn_ops - 2, "size": ops}, field=name,
+                )
+            size += sum(len(c.key.encode()) + len(c.expect.value or b"") for c in compares)
+            if size > self.limits.max_txn_bytes:
+                raise limit_error(reasons.TXN_TOO_LARGE, "transaction", self.limits.max_txn_bytes, size, field=name)
+
+
+def _scope_write(keys: TenantKeys, w: Write) -> Write:
+    if isinstance(w, Put):
+        return Put(keys.kv(w.key), w.value)
+    return Delete(keys.kv(w.key))

@@ -1,0 +1,86 @@
+"""AIP-155 request ids: a retried mutation with the same id is applied once.
+
+The request's marker is written in the same transaction as the mutation, so
+the two land together or not at all: one round trip, no read first. Markers
+live in hourly buckets (`#/req/{hour}/{tenant}/{id hash}`); a request is
+checked against the current and the previous bucket, so the dedupe window is
+at least one hour, and buckets older than that are swept by listing a prefix
+(no backend TTL support needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+
+from fencepost import reasons
+from fencepost.keys import encode_segment
+
+from ..storage import Check, Expect, Put, Storage, TxnResult, Write
+from .errors import InvalidArgument
+from .keys import GLOBAL_PREFIX
+
+BUCKET_SECONDS = 3600
+_PREFIX = GLOBAL_PREFIX + "req/"
+
+
+class RequestLog:
+    def __init__(self, storage: Storage, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.clock = clock
+
+    def _marker(self, bucket: int, tenant: str, request_id: str) -> str:
+        digest = hashlib.sha256(request_id.encode()).hexdigest()
+        return f"{_PREFIX}{bucket:010d}/{encode_segment(tenant)}/{digest}"
+
+    async def transact(
+        self, tenant: str, request_id: str, fingerprint: bytes, checks: Sequence[Check], writes: Sequence[Write]
+    ) -> TxnResult | None:
+        """Run the transaction once per request id. Returns None when this id was
+        already applied with the same request (the caller reports the outcome),
+        else the transaction's result (marker excluded)."""
+        if not request_id:
+            return await self.storage.transact(checks, writes)
+        if len(request_id) > 128:
+            raise InvalidArgument(
+                reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id"
+            )
+        bucket = int(self.clock()) // BUCKET_SECONDS
+        current = self._marker(bucket, tenant, request_id)
+        previous = self._marker(bucket - 1, tenant, request_id)
+        result = await self.storage.transact(
+            [*checks, Check(previous, Expect(exists=False))],
+            [*writes, Put(current, fingerprint, Expect(exists=False))],
+        )
+        if result.applied:
+            return TxnResult(True, result.versions[:-1])
+        marker_indexes = {len(checks), len(checks) + 1 + len(writes)}
+        if marker_indexes.isdisjoint(result.failed):
+            caller_failed = tuple(i if i < len(checks) else i - 1 for i in result.failed)
+            return TxnResult(False, failed=caller_failed)
+        for key in (current, previous):
+            marker = await self.storage.get(key)
+            if marker is not None:
+                if marker.value != fingerprint:
+                    raise InvalidArgument(
+                        reasons.REQUEST_ID_REUSED,
+                        "request_id was already used for a different request",
+                        {"request_id": request_id}, field="request_id",
+                    )
+                return None
+        # The marker vanished between the two calls (swept): treat as not seen.
+        return await self.transact(tenant, request_id, fingerprint, checks, writes)
+
+    async def sweep(self, batch: int = 500) -> int:
+        """Delete markers older than the dedupe window; returns how many."""
+        oldest_kept = int(self.clock()) // BUCKET_SECONDS - 1
+        removed = 0
+        while True:
+            keys = await self.storage.list_keys(_PREFIX, None, batch)
+            stale = [k for k in keys if int(k[len(_PREFIX):].split("/", 1)[0]) < oldest_kept]
+            for key in stale:
+                await self.storage.delete(key)
+            removed += len(stale)
+            if len(stale) < len(keys) or not keys:
+                return removed

@@ -1,0 +1,26 @@
+"""The storage contract and its backends (memory, sqlite, dynamodb)."""
+
+from .base import (
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    BackendUnavailable,
+    CasResult,
+    Check,
+    Delete,
+    Expect,
+    InvalidTransaction,
+    Item,
+    PersistenceUncertain,
+    Put,
+    Storage,
+    StorageError,
+    TxnResult,
+    Write,
+)
+from .registry import open_backend, register
+
+__all__ = [
+    "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "Delete",
+    "Expect", "InvalidTransaction", "Item", "PersistenceUncertain", "Put", "Storage",
+    "StorageError", "TxnResult", "Write", "open_backend", "register",
+]

@@ -1,0 +1,204 @@
+"""The storage contract every backend implements.
+
+Keys are `str` compared in UTF-8 byte order (for valid Unicode this is code
+point order, so Python's own `str` ordering agrees). Values are `bytes`.
+Version tokens are opaque strings that change on every successful write and
+are never handed out twice by one backend, so a key deleted and re-created
+never gets an old token back (no ABA).
+
+A miss is a miss (`None`); an outage raises `BackendUnavailable`. A write
+whose outcome is unknown raises `PersistenceUncertain`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+MAX_TXN_OPS = 100
+MAX_TXN_BYTES = 4 * 1024 * 1024
+
+
+class StorageError(Exception):
+    """Base class of every error a backend raises."""
+
+
+class BackendUnavailable(StorageError):
+    """The backend could not be reached or refused the call; nothing was applied
+    as far as the backend can tell. Retryable."""
+
+
+class PersistenceUncertain(BackendUnavailable):
+    """A write was sent but its outcome is unknown (timeout after sending)."""
+
+
+class InvalidTransaction(StorageError, ValueError):
+    """A transaction is malformed (too many operations, one key twice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    key: str
+    value: bytes
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class CasResult:
+    """Outcome of a conditional write. A failed condition is a result.
+
+    applied: the write happened.
+    version: the new version when applied; otherwise the current version
+        (`None` when the key is absent).
+    current: when not applied, the current item (`None` when absent), so a
+        caller can decide again without a second read.
+    """
+
+    applied: bool
+    version: str | None
+    current: Item | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """A condition on one key. Every given field must hold.
+
+    exists=True: present; exists=False: absent. version / value: present with
+    exactly that version / value.
+    """
+
+    exists: bool | None = None
+    version: str | None = None
+    value: bytes | None = None
+
+    def holds(self, item: Item | None) -> bool:
+        if self.exists is not None and (item is not None) != self.exists:
+            return False
+        if self.version is not None and (item is None or item.version != self.version):
+            return False
+        if self.value is not None and (item is None or item.value != self.value):
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A condition that writes nothing."""
+
+    key: str
+    expect: Expect
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: bytes
+    expect: Expect | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+    expect: Expect | None = None
+
+
+Write = Union[Put, Delete]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """Outcome of `transact`.
+
+    applied: every condition held and every write was applied.
+    versions: for each write in order, its new version (`None` for deletes).
+    failed: indexes (checks first, then writes) whose condition did not hold.
+    """
+
+    applied: bool
+    versions: tuple[str | None, ...] = ()
+    failed: tuple[int, ...] = ()
+
+
+def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
+    """Refuse transactions no backend could apply atomically."""
+    ops = len(checks) + len(writes)
+    if ops > MAX_TXN_OPS:
+        raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")
+    size = sum(len(op.key.encode()) for op in (*checks, *writes))
+    size += sum(len(w.value) for w in writes if isinstance(w, Put))
+    if size > MAX_TXN_BYTES:
+        raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
+    keys = [op.key for op in (*checks, *writes)]
+    if len(set(keys)) != len(keys):
+        raise InvalidTransaction("a transaction names one key more than once")
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with `prefix`,
+    or None when there is none (empty prefix or all max code points)."""
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
+        return None
+    return stripped[:-1] + chr(ord(stripped[-1]) + 1)
+
+
+class Storage(abc.ABC):
+    """The async backend contract. One instance serves a whole process."""
+
+    #: the URL scheme this backend registers under
+    scheme: str = ""
+
+    # -- KV core -----------------------------------------------------------
+    @abc.abstractmethod
+    async def get(self, key: str) -> Item | None: ...
+
+    @abc.abstractmethod
+    async def put(self, key: str, value: bytes) -> str:
+        """Write unconditionally; returns the new version."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> bool:
+        """Remove; returns whether the key existed."""
+
+    @abc.abstractmethod
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[Item]:
+        """Items whose key starts with `prefix` and sorts after `start_after`,
+        in key order, at most `limit`."""
+
+    # -- CAS group ---------------------------------------------------------
+    async def get_with_version(self, key: str) -> Item | None:
+        return await self.get(key)
+
+    @abc.abstractmethod
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def delete_if_version(self, key: str, expected: str) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def list_keys(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[str]: ...
+
+    # -- transactions ------------------------------------------------------
+    @abc.abstractmethod
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()
+    ) -> TxnResult:
+        """Apply every write when every condition holds, else nothing.
+        At most MAX_TXN_OPS operations and MAX_TXN_BYTES; a key at most once."""
+
+    # -- lifecycle ---------------------------------------------------------
+    async def ping(self) -> None:
+        """Cheap liveness probe; raises BackendUnavailable when unreachable."""
+        await self.get("\x01ping")
+
+    async def close(self) -> None:
+        """Release connections and threads. Idempotent."""

@@ -1,0 +1,64 @@
+"""From a backend URL to a backend instance.
+
+    memory://                               the in-process reference backend
+    sqlite:///abs/path.db  sqlite://rel.db  the embedded default (WAL, group commit)
+    dynamodb://TABLE?endpoint=URL&region=R  one DynamoDB table (aioboto3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .base import Storage
+
+Factory = Callable[[str, dict[str, str]], Storage]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(scheme: str) -> Callable[[Factory], Factory]:
+    def deco(factory: Factory) -> Factory:
+        _FACTORIES[scheme] = factory
+        return factory
+
+    return deco
+
+
+@register("memory")
+def _memory(_location: str, _params: dict[str, str]) -> Storage:
+    from .memory import MemoryStorage
+
+    return MemoryStorage()
+
+
+@register("sqlite")
+def _sqlite(location: str, params: dict[str, str]) -> Storage:
+    from .sqlite import SqliteStorage
+
+    if not location:
+        raise ValueError("sqlite URL needs a path: sqlite:///path/to/file.db")
+    return SqliteStorage(location, synchronous=params.get("synchronous", "FULL").upper())
+
+
+@register("dynamodb")
+def _dynamodb(location: str, params: dict[str, str]) -> Storage:
+    from .dynamodb import DynamoStorage  # imported lazily: aioboto3 is heavy
+
+    if not location:
+        raise ValueError("dynamodb URL needs a table: dynamodb://TABLE")
+    return DynamoStorage.from_params(location, params)
+
+
+def open_backend(url: str) -> Storage:
+    """Create the backend named by `url` (see the module docstring)."""
+    parts = urlsplit(url)
+    factory = _FACTORIES.get(parts.scheme)
+    if factory is None:
+        known = ", ".join(sorted(_FACTORIES))
+        raise ValueError(f"unknown backend scheme {parts.scheme!r} in {url!r} (known: {known})")
+    if parts.scheme == "sqlite":
+        location = unquote(parts.netloc + parts.path)
+    else:
+        location = unquote(parts.netloc or parts.path.lstrip("/"))
+    params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return factory(location, params)

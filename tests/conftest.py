@@ -1,0 +1,99 @@
+"""Shared fixtures: every backend, and a real server on loopback.
+
+`BACKENDS` lists how to open each backend for one test; every contract and API
+test that takes the `storage` / `client` fixtures runs once per backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+import fencepost
+from fencepost_server.app import App
+from fencepost_server.config import Settings
+from fencepost_server.storage import Storage
+from fencepost_server.storage.memory import MemoryStorage
+from fencepost_server.storage.sqlite import SqliteStorage
+
+Opener = Callable[[Path], Awaitable[Storage]]
+
+
+async def _memory(_tmp: Path) -> Storage:
+    return MemoryStorage()
+
+
+async def _sqlite(tmp: Path) -> Storage:
+    # NORMAL keeps the suite fast; durability across restart is tested with FULL.
+    return SqliteStorage(tmp / f"{uuid.uuid4().hex}.db", synchronous="NORMAL")
+
+
+BACKENDS: dict[str, Opener] = {"memory": _memory, "sqlite": _sqlite}
+
+with contextlib.suppress(ImportError):
+    from tests.dynamo_support import open_dynamodb  # added with the DynamoDB backend
+
+    BACKENDS["dynamodb"] = open_dynamodb
+
+
+def backend_params() -> list[pytest.param]:
+    return [pytest.param(name, id=name, marks=[pytest.mark.backend(name)]) for name in BACKENDS]
+
+
+@pytest.fixture(params=backend_params())
+async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    backend = await BACKENDS[request.param](tmp_path)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+@pytest.fixture
+def backend_name(storage: Storage) -> str:
+    return type(storage).__name__
+
+
+class RunningServer:
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.app.port}"
+
+    def client(self, **kwargs: object) -> fencepost.AsyncClient:
+        return fencepost.AsyncClient(self.target, **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(storage: Storage, **settings: object) -> AsyncIterator[RunningServer]:
+    """A real server on a free loopback port over `storage`."""
+    app = App(Settings(listen="127.0.0.1:0", **settings), storage=storage)  # type: ignore[arg-type]
+    await app.start()
+    try:
+        yield RunningServer(app)
+    finally:
+        await app.stop(grace=0.5)
+
+
+@pytest.fixture
+async def server(storage: Storage) -> AsyncIterator[RunningServer]:
+    async with running(storage) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def client(server: RunningServer) -> AsyncIterator[fencepost.AsyncClient]:
+    async with server.client(timeout=10.0) as c:
+        yield c
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "backend(name): the backend a parametrized test runs on")
+    os.environ.setdefault("FENCEPOST_TEST", "1")

@@ -1,0 +1,183 @@
+"""The storage contract, run against every backend (see conftest.BACKENDS)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencepost_server.storage import (
+    MAX_TXN_OPS,
+    Check,
+    Delete,
+    Expect,
+    InvalidTransaction,
+    Put,
+    Storage,
+)
+
+UNICODE_KEYS = ["p/a", "p/b", "p/z", "p/é", "p/日本", "p/😀", "p/\u007f", "p/A", "p/ab", "p/a\u0001"]
+
+
+async def test_get_miss_is_none(storage: Storage) -> None:
+    assert await storage.get("nope") is None
+
+
+async def test_put_get_roundtrip_binary(storage: Storage) -> None:
+    value = bytes(range(256))
+    version = await storage.put("k", value)
+    item = await storage.get("k")
+    assert item is not None and item.value == value and item.version == version
+
+
+async def test_version_changes_on_every_plain_put(storage: Storage) -> None:
+    seen = {await storage.put("k", b"same") for _ in range(5)}
+    assert len(seen) == 5
+
+
+async def test_delete_then_recreate_never_reuses_a_version(storage: Storage) -> None:
+    seen: set[str] = set()
+    for _ in range(5):
+        seen.add(await storage.put("k", b"v"))
+        assert await storage.delete("k") is True
+        res = await storage.put_if_absent("k", b"v")
+        assert res.applied and res.version not in seen
+        seen.add(res.version)  # type: ignore[arg-type]
+        assert await storage.delete("k") is True
+    assert await storage.delete("k") is False
+
+
+async def test_stale_version_cannot_write_after_recreate(storage: Storage) -> None:
+    v1 = await storage.put("k", b"one")
+    await storage.delete("k")
+    await storage.put("k", b"two")
+    res = await storage.put_if_version("k", b"three", v1)
+    assert not res.applied
+    assert (await storage.get("k")).value == b"two"  # type: ignore[union-attr]
+
+
+async def test_put_if_absent(storage: Storage) -> None:
+    first = await storage.put_if_absent("k", b"a")
+    assert first.applied and first.version
+    second = await storage.put_if_absent("k", b"b")
+    assert not second.applied
+    assert second.version == first.version
+    assert second.current is not None and second.current.value == b"a"
+
+
+async def test_put_if_version(storage: Storage) -> None:
+    v1 = await storage.put("k", b"a")
+    ok = await storage.put_if_version("k", b"b", v1)
+    assert ok.applied and ok.version != v1
+    stale = await storage.put_if_version("k", b"c", v1)
+    assert not stale.applied and stale.version == ok.version
+    assert stale.current is not None and stale.current.value == b"b"
+    absent = await storage.put_if_version("missing", b"x", v1)
+    assert not absent.applied and absent.version is None and absent.current is None
+    assert await storage.get("missing") is None
+
+
+async def test_delete_if_version(storage: Storage) -> None:
+    v1 = await storage.put("k", b"a")
+    v2 = await storage.put("k", b"b")
+    stale = await storage.delete_if_version("k", v1)
+    assert not stale.applied and stale.version == v2
+    ok = await storage.delete_if_version("k", v2)
+    assert ok.applied
+    assert await storage.get("k") is None
+    gone = await storage.delete_if_version("k", v2)
+    assert not gone.applied and gone.version is None
+
+
+async def test_list_is_utf8_byte_order_with_unicode_keys(storage: Storage) -> None:
+    for key in UNICODE_KEYS:
+        await storage.put(key, key.encode())
+    await storage.put("q/outside", b"x")
+    await storage.put("p", b"not-under-p/")
+    expected = sorted(UNICODE_KEYS, key=lambda k: k.encode())
+    items = await storage.list("p/", None, 1000)
+    assert [i.key for i in items] == expected
+    assert [i.value for i in items] == [k.encode() for k in expected]
+    assert await storage.list_keys("p/", None, 1000) == expected
+
+
+async def test_list_pages_neither_skip_nor_repeat(storage: Storage) -> None:
+    keys = [f"pg/{i:03d}" for i in range(23)] + ["pg/é", "pg/😀"]
+    for key in keys:
+        await storage.put(key, b"v")
+    got: list[str] = []
+    after = None
+    while True:
+        page = await storage.list_keys("pg/", after, 4)
+        got.extend(page)
+        if len(page) < 4:
+            break
+        after = page[-1]
+    assert got == sorted(keys, key=lambda k: k.encode())
+
+
+async def test_list_prefix_edge_cases(storage: Storage) -> None:
+    await storage.put("a", b"1")
+    await storage.put("ab", b"2")
+    await storage.put("b", b"3")
+    assert [i.key for i in await storage.list("a")] == ["a", "ab"]
+    assert [i.key for i in await storage.list("")] == ["a", "ab", "b"]
+    assert await storage.list_keys("a", "a") == ["ab"]
+    assert await storage.list_keys("zz") == []
+    # start_after before the prefix starts at the prefix
+    assert await storage.list_keys("b", "a") == ["b"]
+
+
+async def test_transact_all_or_nothing(storage: Storage) -> None:
+    v = await storage.put("t/guard", b"g")
+    res = await storage.transact(
+        [Check("t/guard", Expect(version=v))],
+        [Put("t/a", b"1"), Put("t/b", b"2", Expect(exists=False)), Delete("t/guard-other")],
+    )
+    assert res.applied and len(res.versions) == 3 and res.versions[2] is None
+    # one failing condition: nothing at all is written
+    res = await storage.transact(
+        [],
+        [Put("t/a", b"changed"), Put("t/b", b"x", Expect(exists=False)), Delete("t/guard", Expect(version=v))],
+    )
+    assert not res.applied and res.failed == (1,)
+    assert (await storage.get("t/a")).value == b"1"  # type: ignore[union-attr]
+    assert (await storage.get("t/guard")) is not None
+
+
+async def test_transact_value_and_absence_conditions(storage: Storage) -> None:
+    await storage.put("t/gen", b"7")
+    ok = await storage.transact([Check("t/gen", Expect(value=b"7")), Check("t/none", Expect(exists=False))],
+                                [Put("t/x", b"1")])
+    assert ok.applied
+    bad = await storage.transact([Check("t/gen", Expect(value=b"8"))], [Put("t/x", b"2")])
+    assert not bad.applied and bad.failed == (0,)
+    assert (await storage.get("t/x")).value == b"1"  # type: ignore[union-attr]
+
+
+async def test_transact_refuses_oversized_or_duplicate(storage: Storage) -> None:
+    with pytest.raises(InvalidTransaction):
+        await storage.transact([], [Put(f"t/{i}", b"") for i in range(MAX_TXN_OPS + 1)])
+    with pytest.raises(InvalidTransaction):
+        await storage.transact([Check("t/a", Expect(exists=True))], [Put("t/a", b"")])
+    assert await storage.list_keys("t/") == []
+
+
+async def test_concurrent_cas_increments_count_exactly_once(storage: Storage) -> None:
+    await storage.put("ctr", b"0")
+    applied = 0
+
+    async def worker() -> None:
+        nonlocal applied
+        for _ in range(10):
+            while True:
+                item = await storage.get("ctr")
+                assert item is not None
+                res = await storage.put_if_version("ctr", str(int(item.value) + 1).encode(), item.version)
+                if res.applied:
+                    applied += 1
+                    break
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+    assert applied == 80
+    assert (await storage.get("ctr")).value == b"80"  # type: ignore[union-attr]
