@@ -13,7 +13,7 @@ ARGS   ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(PIP) install -q -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 	$(PY) -c 'import fencepost, fencepost_server, grpc_tools, moto, aioboto3, hypothesis'
 	touch $(STAMP)
 
