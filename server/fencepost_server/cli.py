@@ -20,6 +20,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight RPCs on shutdown")
     p.add_argument("--max-receive-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --listen without authentication (never in production)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_cmd_serve)
 
@@ -59,6 +61,13 @@ async def serve(settings: Settings) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    if not settings.listen_is_loopback() and not settings.auth_configured() and not args.insecure:
+        print(
+            f"fencepost: refusing to listen on {settings.listen} without authentication; "
+            "configure authentication or pass --insecure",
+            file=sys.stderr,
+        )
+        return 2
     if settings.uvloop:
         try:
             import uvloop

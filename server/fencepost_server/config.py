@@ -27,6 +27,9 @@ class Settings:
             return self.backend
         return f"sqlite://{(self.state_root / 'fencepost.db').resolve()}"
 
+    def auth_configured(self) -> bool:
+        return False  # authentication sources arrive with the security work
+
     def listen_is_loopback(self) -> bool:
         host = self.listen.rsplit(":", 1)[0].strip("[]")
         if host in ("localhost", ""):

@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Sequence
 
 from .base import (
+    BackendUnavailable,
     CasResult,
     Check,
     Delete,
@@ -29,6 +30,11 @@ class MemoryStorage(Storage):
         # A random epoch plus a counter: tokens are unique within and across instances.
         self._epoch = secrets.token_hex(4)
         self._counter = itertools.count(1)
+        self._closed = False
+
+    def _open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable("memory backend is closed")
 
     def _next_version(self) -> str:
         return f"{self._epoch}-{next(self._counter):012x}"
@@ -58,33 +64,41 @@ class MemoryStorage(Storage):
         return out
 
     async def get(self, key: str) -> Item | None:
+        self._open()
         return self._items.get(key)
 
     async def put(self, key: str, value: bytes) -> str:
+        self._open()
         return self._store(key, value)
 
     async def delete(self, key: str) -> bool:
+        self._open()
         return self._remove(key)
 
     async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+        self._open()
         return [self._items[k] for k in self._scan(prefix, start_after, limit)]
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
+        self._open()
         return self._scan(prefix, start_after, limit)
 
     async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        self._open()
         current = self._items.get(key)
         if current is not None:
             return CasResult(False, current.version, current)
         return CasResult(True, self._store(key, value))
 
     async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult:
+        self._open()
         current = self._items.get(key)
         if current is None or current.version != expected:
             return CasResult(False, current.version if current else None, current)
         return CasResult(True, self._store(key, value))
 
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
+        self._open()
         current = self._items.get(key)
         if current is None or current.version != expected:
             return CasResult(False, current.version if current else None, current)
@@ -92,6 +106,7 @@ class MemoryStorage(Storage):
         return CasResult(True, None)
 
     async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+        self._open()
         validate_transaction(checks, writes)
         conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
         failed = tuple(
@@ -109,3 +124,6 @@ class MemoryStorage(Storage):
                 self._remove(w.key)
                 versions.append(None)
         return TxnResult(True, tuple(versions))
+
+    async def close(self) -> None:
+        self._closed = True

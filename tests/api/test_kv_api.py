@@ -1,0 +1,241 @@
+"""KvService through a real server on loopback, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import fencepost
+from fencepost import errors
+from fencepost_server.storage import BackendUnavailable, Check, Item, Storage, TxnResult, Write
+from tests.conftest import running
+
+
+async def _all_keys(storage: Storage) -> list[str]:
+    return [i.key for i in await storage.list("", None, 10_000)]
+
+
+async def test_put_get_delete_roundtrip(client: fencepost.AsyncClient) -> None:
+    version = await client.put("greeting", b"hello")
+    entry = await client.get("greeting")
+    assert entry == fencepost.Entry("greeting", b"hello", version)
+    assert await client.get("missing") is None
+    assert await client.delete("greeting") is True
+    assert await client.delete("greeting") is False
+    assert await client.get("greeting") is None
+
+
+async def test_versions_change_on_plain_put_and_fence_stale_writers(client: fencepost.AsyncClient) -> None:
+    v1 = await client.put("k", b"a")
+    v2 = await client.put("k", b"a")
+    assert v1 != v2
+    stale = await client.put_if_version("k", b"b", v1)
+    assert not stale.applied and stale.version == v2
+    ok = await client.put_if_version("k", b"b", v2)
+    assert ok.applied and ok.version not in (v1, v2)
+
+
+async def test_cas_group(client: fencepost.AsyncClient) -> None:
+    created = await client.put_if_absent("c", b"1")
+    assert created.applied
+    again = await client.put_if_absent("c", b"2")
+    assert not again.applied and again.version == created.version
+    entry = await client.get_with_version("c")
+    assert entry is not None and entry.value == b"1"
+    gone = await client.delete_if_version("c", "not-a-version")
+    assert not gone.applied and gone.version == created.version
+    assert (await client.delete_if_version("c", created.version)).applied
+    absent = await client.put_if_version("c", b"x", created.version)
+    assert not absent.applied and absent.version == ""
+
+
+async def test_list_pages_unicode_in_byte_order_without_skips(client: fencepost.AsyncClient) -> None:
+    keys = [f"u/{i:02d}" for i in range(12)] + ["u/é", "u/日本", "u/😀", "u/Z"]
+    for key in keys:
+        await client.put(key, key.encode())
+    await client.put("v/other", b"x")
+    pages: list[list[str]] = []
+    token = ""
+    while True:
+        entries, token = await client.list_page("u/", page_size=5, page_token=token)
+        pages.append([e.key for e in entries])
+        if not token:
+            break
+    flat = [k for page in pages for k in page]
+    assert flat == sorted(keys, key=lambda k: k.encode())
+    assert all(len(p) <= 5 for p in pages) and len(pages) == 4
+    assert [k async for k in client.list_keys("u/", page_size=3)] == flat
+
+
+async def test_page_token_is_bound_to_its_prefix(client: fencepost.AsyncClient) -> None:
+    for i in range(4):
+        await client.put(f"a/{i}", b"")
+    _, token = await client.list_page("a/", page_size=2)
+    assert token
+    with pytest.raises(errors.PageTokenInvalid):
+        await client.list_page("b/", page_size=2, page_token=token)
+    with pytest.raises(errors.PageTokenInvalid):
+        await client.list_page("a/", page_token="garbage!")
+    with pytest.raises(errors.PageSizeInvalid):
+        await client.list_page("a/", page_size=-1)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "exc", "reason"),
+    [
+        ("", b"v", errors.KeyInvalid, "KEY_INVALID"),
+        ("a\x00b", b"v", errors.KeyInvalid, "KEY_INVALID"),
+        ("k" * 1025, b"v", errors.KeyTooLong, "KEY_TOO_LONG"),
+        ("é" * 513, b"v", errors.KeyTooLong, "KEY_TOO_LONG"),  # 1026 UTF-8 bytes
+        ("k", b"x" * (256 * 1024 + 1), errors.ValueTooLarge, "VALUE_TOO_LARGE"),
+    ],
+)
+async def test_limits_refuse_with_reason_and_write_nothing(
+    client: fencepost.AsyncClient, storage: Storage, key: str, value: bytes, exc: type, reason: str
+) -> None:
+    before = await _all_keys(storage)
+    for call in (
+        lambda: client.put(key, value),
+        lambda: client.put_if_absent(key, value),
+        lambda: client.txn([], [fencepost.put_op(key, value)]),
+    ):
+        with pytest.raises(exc) as info:
+            await call()
+        assert info.value.reason == reason
+        assert info.value.code == "INVALID_ARGUMENT"
+    if reason != "KEY_INVALID":
+        assert int(info.value.metadata["size"]) > int(info.value.metadata["limit"])
+    assert await _all_keys(storage) == before
+
+
+async def test_limits_accept_exactly_the_limit(client: fencepost.AsyncClient) -> None:
+    await client.put("k" * 1024, b"x" * (256 * 1024))
+    entry = await client.get("k" * 1024)
+    assert entry is not None and len(entry.value) == 256 * 1024
+
+
+async def test_txn_branches_are_atomic(client: fencepost.AsyncClient, storage: Storage) -> None:
+    v = await client.put("acct", b"10")
+    ok = await client.txn(
+        [fencepost.compare("acct", version=v), fencepost.compare("lock", exists=False)],
+        [fencepost.put_op("acct", b"9"), fencepost.put_op("log/1", b"-1")],
+        [fencepost.put_op("audit", b"lost race")],
+    )
+    assert ok.succeeded and len(ok.versions) == 2
+    stale = await client.txn(
+        [fencepost.compare("acct", version=v)],
+        [fencepost.put_op("acct", b"8")],
+        [fencepost.put_op("audit", b"lost race")],
+    )
+    assert not stale.succeeded and stale.failed_compares == [0]
+    assert (await client.get("acct")).value == b"9"  # type: ignore[union-attr]
+    assert (await client.get("audit")).value == b"lost race"  # type: ignore[union-attr]
+    with pytest.raises(errors.TxnTooLarge):
+        await client.txn([], [fencepost.put_op(f"t/{i}", b"") for i in range(101)])
+    with pytest.raises(errors.TxnDuplicateKey):
+        await client.txn([], [fencepost.put_op("d", b""), fencepost.delete_op("d")])
+    assert await client.get("t/0") is None
+
+
+async def test_request_id_applies_a_conditional_write_once(client: fencepost.AsyncClient) -> None:
+    first = await client.put_if_absent("once", b"1", request_id="req-1")
+    retry = await client.put_if_absent("once", b"1", request_id="req-1")
+    assert first.applied and retry.applied and retry.version == first.version
+    other = await client.put_if_absent("once", b"1", request_id="req-2")
+    assert not other.applied
+    with pytest.raises(errors.RequestIdReused):
+        await client.put_if_absent("different", b"1", request_id="req-1")
+
+
+async def test_keys_of_other_tenants_namespaces_are_unreachable(client: fencepost.AsyncClient, storage: Storage) -> None:
+    await client.put("mine", b"1")
+    stored = await _all_keys(storage)
+    assert stored == ["default/kv/mine"]
+    # A caller key that looks like a framework key stays inside the caller's KV space.
+    await client.put("../sys/agentkit/v1/x", b"evil")
+    assert "default/sys/agentkit/v1/x" not in await _all_keys(storage)
+
+
+class _Down(Storage):
+    """A backend that is unreachable for every call."""
+
+    async def _fail(self, *_: object, **__: object) -> None:
+        raise BackendUnavailable("connection refused")
+
+    async def get(self, key: str) -> Item | None:
+        raise BackendUnavailable("connection refused")
+
+    put = delete = list = list_keys = put_if_absent = put_if_version = delete_if_version = _fail  # type: ignore[assignment]
+
+    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+        raise BackendUnavailable("connection refused")
+
+
+async def test_failing_backend_is_unavailable_never_a_miss() -> None:
+    async with running(_Down()) as srv, srv.client(retry=fencepost.NO_RETRY) as c:
+        for call in (lambda: c.get("k"), lambda: c.get_with_version("k"), lambda: c.put("k", b""),
+                     lambda: c.list_page(""), lambda: c.delete("k")):
+            with pytest.raises(errors.BackendUnavailable) as info:
+                await call()
+            assert info.value.code == "UNAVAILABLE"
+
+
+async def test_closed_backend_is_unavailable(storage: Storage) -> None:
+    """The real backend failing (closed under the server) is UNAVAILABLE too."""
+    async with running(storage) as srv, srv.client(retry=fencepost.NO_RETRY) as c:
+        await c.put("k", b"v")
+        await storage.close()
+        with pytest.raises(errors.Unavailable):
+            await c.get("k")
+
+
+async def test_retries_unavailable_then_succeeds(storage: Storage) -> None:
+    class Flaky(_Down):
+        failures = 2
+
+        async def get(self, key: str) -> Item | None:
+            if self.failures:
+                self.failures -= 1
+                raise BackendUnavailable("blip")
+            return await storage.get(key)
+
+    flaky = Flaky()
+    async with running(flaky) as srv, srv.client() as c:
+        assert await c.get("nothing") is None
+        assert flaky.failures == 0
+
+
+async def test_health_and_reflection(server: object) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async with grpc.aio.insecure_channel(server.target) as channel:  # type: ignore[attr-defined]
+        health = health_pb2_grpc.HealthStub(channel)
+        res = await health.Check(health_pb2.HealthCheckRequest(service="fencepost.v1.KvService"))
+        assert res.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = [s.name async for r in call for s in r.list_services_response.service]
+        assert "fencepost.v1.KvService" in names
+
+
+async def test_concurrent_cas_increments_through_the_server(client: fencepost.AsyncClient) -> None:
+    await client.put("n", b"0")
+    applied = 0
+
+    async def worker() -> None:
+        nonlocal applied
+        for _ in range(5):
+            while True:
+                cur = await client.get_with_version("n")
+                assert cur is not None
+                res = await client.put_if_version("n", str(int(cur.value) + 1).encode(), cur.version)
+                if res.applied:
+                    applied += 1
+                    break
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+    assert applied == 40 and (await client.get("n")).value == b"40"  # type: ignore[union-attr]
