@@ -2,8 +2,9 @@
 
 Writes go to one writer thread that group-commits whatever is queued: every
 queued operation runs inside its own SAVEPOINT of one transaction, and one
-COMMIT (one fsync) acknowledges the whole batch. Reads run on separate
-connections in reader threads; WAL lets them proceed while the writer writes.
+COMMIT (one fsync) acknowledges the whole batch. Reads run on a separate
+connection in a reader thread, batched the same way; WAL lets them proceed
+while the writer writes.
 
 Version tokens come from a counter stored in the same file and advanced inside
 the write transaction, so they are unique across restarts and across several
@@ -19,7 +20,6 @@ import sqlite3
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +78,25 @@ def _bounds(prefix: str, start_after: str | None) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), args
 
 
-class _Writer:
-    """The single writer thread: batches queued operations into one commit."""
+class _Worker:
+    """One connection, one thread, fed by a queue. Whatever is queued when the
+    thread wakes is handled as one batch and answered with one wake-up per
+    event loop. A transactional worker (the writer) runs the batch inside one
+    BEGIN IMMEDIATE ... COMMIT, each operation in its own SAVEPOINT, so one
+    fsync acknowledges the whole batch (group commit)."""
 
-    def __init__(self, path: str, synchronous: str) -> None:
+    def __init__(self, path: str, synchronous: str, *, writer: bool) -> None:
         self._conn = _connect(path, synchronous)
-        self._conn.executescript(_SCHEMA)
+        self._writer = writer
+        if writer:
+            self._conn.executescript(_SCHEMA)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="fencepost-sqlite-writer", daemon=True)
         self._next_version = 0
-        self._last_version = 0
+        name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[[sqlite3.Connection, Callable[[], str]], Any]) -> asyncio.Future[Any]:
+    def submit(self, op: Callable[..., Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._queue.put((op, loop, fut))
@@ -121,11 +127,19 @@ class _Writer:
                     stop = True
                     break
                 batch.append(nxt)
-            self._commit(batch)
+            outcomes = self._commit(batch) if self._writer else [self._call(op, (self._conn,)) for op, _, _ in batch]
+            _answer(batch, outcomes)
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]]) -> None:
+    @staticmethod
+    def _call(op: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
+        try:
+            return True, op(*args)
+        except Exception as exc:
+            return False, exc
+
+    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
         conn = self._conn
         outcomes: list[tuple[bool, Any]] = []
         try:
@@ -134,13 +148,11 @@ class _Writer:
             self._next_version = start
             for op, _, _ in batch:
                 conn.execute("SAVEPOINT op")
-                try:
-                    outcomes.append((True, op(conn, self._version)))
-                    conn.execute("RELEASE op")
-                except Exception as exc:  # one bad op must not sink the batch
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    outcomes.append((False, exc))
+                outcome = self._call(op, (conn, self._version))
+                conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
+                if not outcome[0]:
+                    conn.execute("RELEASE op")  # one bad op must not sink the batch
+                outcomes.append(outcome)
             conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -149,24 +161,34 @@ class _Writer:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            err = BackendUnavailable(f"sqlite commit failed: {exc}")
-            outcomes = [(False, err)] * len(batch)
-        for (_, loop, fut), (ok, value) in zip(batch, outcomes):
-            if ok:
-                loop.call_soon_threadsafe(_resolve, fut, value, None)
-            else:
-                if isinstance(value, sqlite3.Error):
-                    value = BackendUnavailable(f"sqlite: {value}")
-                loop.call_soon_threadsafe(_resolve, fut, None, value)
+            outcomes = [(False, BackendUnavailable(f"sqlite commit failed: {exc}"))] * len(batch)
+        return outcomes
 
 
-def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-    if fut.cancelled():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
+def _answer(
+    batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]], outcomes: list[tuple[bool, Any]]
+) -> None:
+    """Hand results back: one wake-up per event loop per batch."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for (_, loop, fut), (ok, value) in zip(batch, outcomes):
+        if not ok and isinstance(value, sqlite3.Error):
+            value = BackendUnavailable(f"sqlite: {value}")
+        by_loop.setdefault(loop, []).append((fut, ok, value))
+    for loop, results in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve_all, results)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            pass
+
+
+def _resolve_all(results: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in results:
+        if fut.cancelled():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
 
 def _read_item(conn: sqlite3.Connection, key: str) -> Item | None:
@@ -189,18 +211,15 @@ def _erase(conn: sqlite3.Connection, key: str) -> bool:
 class SqliteStorage(Storage):
     scheme = "sqlite"
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL", readers: int = 2) -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._writer = _Writer(self.path, synchronous)
+            self._writer = _Worker(self.path, synchronous, writer=True)
+            self._reader = _Worker(self.path, synchronous, writer=False)
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
-        self._synchronous = synchronous
-        self._local = threading.local()
-        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="fencepost-sqlite-reader")
-        self._reader_conns: list[sqlite3.Connection] = []
         self._closed = False
 
     def __del__(self) -> None:
@@ -208,22 +227,10 @@ class SqliteStorage(Storage):
             warnings.warn(f"SqliteStorage({self.path!r}) was never closed", ResourceWarning, stacklevel=1)
 
     # -- plumbing ----------------------------------------------------------
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = _connect(self.path, self._synchronous)
-            self._local.conn = conn
-            self._reader_conns.append(conn)
-        return conn
-
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._readers, lambda: fn(self._reader()))
-        except sqlite3.Error as exc:
-            raise BackendUnavailable(f"sqlite read failed: {exc}") from exc
+        return await self._reader.submit(fn)
 
     async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any]) -> Any:
         if self._closed:
@@ -327,7 +334,6 @@ class SqliteStorage(Storage):
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._writer.stop)
-        self._readers.shutdown(wait=True)
-        for conn in self._reader_conns:
-            conn.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._writer.stop)
+        await loop.run_in_executor(None, self._reader.stop)

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` (never part of `make test`)."""
