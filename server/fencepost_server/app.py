@@ -21,13 +21,16 @@ from grpc_reflection.v1alpha import reflection
 
 from fencepost.v1 import kv_pb2, kv_pb2_grpc
 
-from .api.base import Authenticator, NullObserver, RpcObserver
+from .api.base import Authenticator, RpcObserver
 from .api.kv import KvServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.kv import KvStore
 from .domain.requests import RequestLog
+from .observability import Metrics
+from .security import IdentityMap, build_authenticator
 from .storage import Storage, open_backend
+from .storage.counting import ObservedStorage
 
 log = logging.getLogger("fencepost")
 
@@ -41,6 +44,8 @@ class AppContext:
     auth: Authenticator
     observer: RpcObserver
     requests: RequestLog
+    #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
+    events: Callable[..., None]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
@@ -69,9 +74,18 @@ class App:
         observer: RpcObserver | None = None,
     ) -> None:
         self.settings = settings
-        self.storage = storage or open_backend(settings.backend_url())
+        self.metrics = Metrics()
+        self.identities: IdentityMap | None = None
+        if auth is None and settings.auth_configured():
+            auth, self.identities = build_authenticator(
+                tokens_file=settings.tokens_file, spiffe_file=settings.spiffe_map,
+                mtls=bool(settings.tls_client_ca), trust_xfcc=settings.trust_xfcc,
+            )
         self.auth = auth or DefaultTenantAuthenticator(settings.default_tenant)
-        self.observer = observer or NullObserver()
+        self.observer = observer or self.metrics
+        raw = storage or open_backend(settings.backend_url())
+        self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
+        self.metrics_port: int | None = None
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
@@ -87,22 +101,41 @@ class App:
         ]
         server = grpc.aio.server(options=opts)
         ctx = AppContext(
-            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage)
+            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
         )
         self.service_names = [build(ctx, server) for build in _SERVICES]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        port = server.add_insecure_port(self.settings.listen)
+        port = self._bind(server)
         if port == 0:
             raise OSError(f"cannot listen on {self.settings.listen}")
         await server.start()
         self.server, self.port = server, port
+        if self.settings.metrics_listen:
+            self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
         await self._set_serving(True)
         loops = [*ctx.background, lambda: self._sweep_requests(ctx.requests), self._probe_backend]
         self._tasks = [asyncio.create_task(_guard(loop)) for loop in loops]
         return port
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        s = self.settings
+        if s.tls_configured():
+            assert s.tls_cert is not None and s.tls_key is not None
+            creds = grpc.ssl_server_credentials(
+                [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
+                root_certificates=s.tls_client_ca.read_bytes() if s.tls_client_ca else None,
+                require_client_auth=bool(s.tls_client_ca),
+            )
+            return server.add_secure_port(s.listen, creds)
+        return server.add_insecure_port(s.listen)
+
+    def reload_identities(self) -> None:
+        """SIGHUP: re-read the tokens file and SPIFFE map."""
+        if self.identities is not None:
+            self.identities.reload()
 
     async def _set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -142,6 +175,7 @@ class App:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.storage.close()
+        self.metrics.stop()
         self.server = None
 
     async def wait(self) -> None:

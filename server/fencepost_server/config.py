@@ -21,6 +21,14 @@ class Settings:
     health_probe_seconds: float = 5.0
     request_sweep_seconds: float = 600.0
     uvloop: bool = False
+    # security (spec/security.md): any of these turns authentication on
+    tokens_file: Path | None = None
+    spiffe_map: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    trust_xfcc: bool = False
+    metrics_listen: str | None = None
 
     def backend_url(self) -> str:
         if self.backend:
@@ -28,7 +36,10 @@ class Settings:
         return f"sqlite://{(self.state_root / 'fencepost.db').resolve()}"
 
     def auth_configured(self) -> bool:
-        return False  # authentication sources arrive with the security work
+        return bool(self.tokens_file or self.tls_client_ca or self.trust_xfcc)
+
+    def tls_configured(self) -> bool:
+        return bool(self.tls_cert and self.tls_key)
 
     def listen_is_loopback(self) -> bool:
         host = self.listen.rsplit(":", 1)[0].strip("[]")

@@ -51,6 +51,10 @@ def caller() -> Caller:
     return _caller.get()
 
 
+def caller_or_none() -> Caller | None:
+    return _caller.get(None)
+
+
 def require_operator(what: str) -> Caller:
     who = caller()
     if not who.is_operator:
@@ -65,11 +69,11 @@ class Authenticator(Protocol):
 
 
 class RpcObserver(Protocol):
-    def rpc_done(self, method: str, code: str, seconds: float) -> None: ...
+    def rpc_done(self, method: str, code: str, reason: str, seconds: float) -> None: ...
 
 
 class NullObserver:
-    def rpc_done(self, method: str, code: str, seconds: float) -> None:
+    def rpc_done(self, method: str, code: str, reason: str, seconds: float) -> None:
         pass
 
 
@@ -128,22 +132,15 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
     @functools.wraps(fn)
     async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
-        code = "OK"
+        outcome = _OK
         try:
             _caller.set(self.auth.identify(context))
             return await fn(self, request, context)
-        except _SERVING_ERRORS as exc:
-            status = status_of(exc)
-            code = _code_name(status.code)
-            await context.abort_with_status(rpc_status.to_status(status))
         except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code = "INTERNAL"
-            log.exception("unhandled error in %s", name)
-            await context.abort_with_status(rpc_status.to_status(status_of(exc)))
+            outcome, status = _failure(name, exc)
+            await context.abort_with_status(rpc_status.to_status(status))
         finally:
-            self.observer.rpc_done(name, code, time.perf_counter() - started)
+            self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
 
     return wrapper
 
@@ -154,29 +151,31 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
     @functools.wraps(fn)
     async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = time.perf_counter()
-        code = "OK"
+        outcome = _OK
         try:
             _caller.set(self.auth.identify(context))
             async for item in fn(self, request, context):
                 yield item
-        except _SERVING_ERRORS as exc:
-            status = status_of(exc)
-            code = _code_name(status.code)
-            await context.abort_with_status(rpc_status.to_status(status))
         except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code = "INTERNAL"
-            log.exception("unhandled error in %s", name)
-            await context.abort_with_status(rpc_status.to_status(status_of(exc)))
+            outcome, status = _failure(name, exc)
+            await context.abort_with_status(rpc_status.to_status(status))
         finally:
-            self.observer.rpc_done(name, code, time.perf_counter() - started)
+            self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
 
     return wrapper
 
 
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
+_OK = ("OK", "")
 
 
-def _code_name(code: int) -> str:
-    return _CODE_NAMES.get(code, "UNKNOWN")
+def _failure(method: str, exc: Exception) -> tuple[tuple[str, str], status_pb2.Status]:
+    """The status that ends the RPC for `exc`, and (code name, reason) for metrics."""
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    if not isinstance(exc, _SERVING_ERRORS):
+        log.exception("unhandled error in %s", method)
+    status = status_of(exc)
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    return (_CODE_NAMES.get(status.code, "UNKNOWN"), info.reason), status

@@ -1,66 +1,87 @@
-"""A wrapper that counts backend round trips by operation (benchmarks, cost tests)."""
+"""Wrappers that observe every backend round trip: `ObservedStorage` calls a
+hook with (operation, seconds, error) after each call; `CountingStorage`
+counts calls by operation (benchmarks and cost tests)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from .base import CasResult, Check, Item, Storage, TxnResult, Write
 
+T = TypeVar("T")
+Hook = Callable[[str, float, BaseException | None], None]
 
-class CountingStorage(Storage):
-    def __init__(self, inner: Storage) -> None:
+
+class ObservedStorage(Storage):
+    def __init__(self, inner: Storage, hook: Hook) -> None:
         self.inner = inner
-        self.calls: Counter[str] = Counter()
+        self._hook = hook
 
-    def total(self) -> int:
-        return sum(self.calls.values())
-
-    def reset(self) -> None:
-        self.calls.clear()
+    async def _observe(self, op: str, call: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            result = await call
+        except BaseException as exc:
+            self._hook(op, time.perf_counter() - started, exc)
+            raise
+        self._hook(op, time.perf_counter() - started, None)
+        return result
 
     async def get(self, key: str) -> Item | None:
-        self.calls["get"] += 1
-        return await self.inner.get(key)
+        return await self._observe("get", self.inner.get(key))
 
     async def get_with_version(self, key: str) -> Item | None:
-        self.calls["get_with_version"] += 1
-        return await self.inner.get_with_version(key)
+        return await self._observe("get_with_version", self.inner.get_with_version(key))
 
     async def put(self, key: str, value: bytes) -> str:
-        self.calls["put"] += 1
-        return await self.inner.put(key, value)
+        return await self._observe("put", self.inner.put(key, value))
 
     async def delete(self, key: str) -> bool:
-        self.calls["delete"] += 1
-        return await self.inner.delete(key)
+        return await self._observe("delete", self.inner.delete(key))
 
     async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
-        self.calls["list"] += 1
-        return await self.inner.list(prefix, start_after, limit)
+        return await self._observe("list", self.inner.list(prefix, start_after, limit))
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
-        self.calls["list_keys"] += 1
-        return await self.inner.list_keys(prefix, start_after, limit)
+        return await self._observe("list_keys", self.inner.list_keys(prefix, start_after, limit))
 
     async def put_if_absent(self, key: str, value: bytes) -> CasResult:
-        self.calls["put_if_absent"] += 1
-        return await self.inner.put_if_absent(key, value)
+        return await self._observe("put_if_absent", self.inner.put_if_absent(key, value))
 
     async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult:
-        self.calls["put_if_version"] += 1
-        return await self.inner.put_if_version(key, value, expected)
+        return await self._observe("put_if_version", self.inner.put_if_version(key, value, expected))
 
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
-        self.calls["delete_if_version"] += 1
-        return await self.inner.delete_if_version(key, expected)
+        return await self._observe("delete_if_version", self.inner.delete_if_version(key, expected))
 
     async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
-        self.calls["transact"] += 1
-        return await self.inner.transact(checks, writes)
+        return await self._observe("transact", self.inner.transact(checks, writes))
 
     async def ping(self) -> None:
         await self.inner.ping()
 
     async def close(self) -> None:
         await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # backend-specific extras (e.g. table names)
+        return getattr(self.inner, name)
+
+
+class CountingStorage(ObservedStorage):
+    """Counts backend calls by operation: `calls["put"]`, `total()`, `reset()`."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.calls: Counter[str] = Counter()
+        super().__init__(inner, self._count)
+
+    def _count(self, op: str, _seconds: float, _error: BaseException | None) -> None:
+        self.calls[op] += 1
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def reset(self) -> None:
+        self.calls.clear()

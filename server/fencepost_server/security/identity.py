@@ -1,0 +1,96 @@
+"""Who is who: token hashes and SPIFFE ids mapped to a tenant and a role.
+
+Tokens file (JSON; only SHA-256 hashes are stored, never tokens):
+
+    {"tokens": [{"name": "billing-svc", "sha256": "<hex>", "tenant": "billing", "role": "service"}]}
+
+SPIFFE map (JSON):
+
+    {"spiffe": [{"id": "spiffe://corp.example/ns/billing/sa/runtime", "tenant": "billing", "role": "service"}]}
+
+Both are re-read on SIGHUP (`reload`); a file that fails to parse keeps the
+previous map and logs why, so a bad edit never locks every caller out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("fencepost.security")
+
+ROLES = ("service", "operator")
+
+
+def hash_token(token: str) -> str:
+    """The hex SHA-256 a tokens file stores for `token`."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    tenant: str
+    role: str
+    subject: str
+
+
+def _identity(entry: dict[str, str], subject: str, where: str) -> Identity:
+    tenant, role = entry.get("tenant", ""), entry.get("role", "service")
+    if not tenant:
+        raise ValueError(f"{where}: entry {subject!r} has no tenant")
+    if role not in ROLES:
+        raise ValueError(f"{where}: entry {subject!r} has role {role!r} (expected one of {ROLES})")
+    return Identity(tenant, role, subject)
+
+
+class IdentityMap:
+    def __init__(self, tokens_file: Path | None = None, spiffe_file: Path | None = None) -> None:
+        self.tokens_file = tokens_file
+        self.spiffe_file = spiffe_file
+        self._tokens: list[tuple[bytes, Identity]] = []
+        self._spiffe: dict[str, Identity] = {}
+        self.reload(strict=True)
+
+    def reload(self, *, strict: bool = False) -> None:
+        try:
+            tokens = self._load_tokens() if self.tokens_file else []
+            spiffe = self._load_spiffe() if self.spiffe_file else {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if strict:
+                raise
+            log.error("identity files not reloaded, keeping the previous ones: %s", exc)
+            return
+        self._tokens, self._spiffe = tokens, spiffe
+        log.info("identities loaded: %d token(s), %d SPIFFE id(s)", len(tokens), len(spiffe))
+
+    def _load_tokens(self) -> list[tuple[bytes, Identity]]:
+        assert self.tokens_file is not None
+        data = json.loads(self.tokens_file.read_text())
+        out = []
+        for entry in data["tokens"]:
+            digest = bytes.fromhex(entry["sha256"])
+            if len(digest) != 32:
+                raise ValueError(f"{self.tokens_file}: sha256 of {entry.get('name')!r} is not 32 bytes")
+            out.append((digest, _identity(entry, entry.get("name", "token"), str(self.tokens_file))))
+        return out
+
+    def _load_spiffe(self) -> dict[str, Identity]:
+        assert self.spiffe_file is not None
+        data = json.loads(self.spiffe_file.read_text())
+        return {e["id"]: _identity(e, e["id"], str(self.spiffe_file)) for e in data["spiffe"]}
+
+    def by_token(self, token: str) -> Identity | None:
+        """Constant-time: every stored hash is compared, with no early exit."""
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for stored, identity in self._tokens:
+            if hmac.compare_digest(stored, digest):
+                found = identity
+        return found
+
+    def by_spiffe(self, spiffe_id: str) -> Identity | None:
+        return self._spiffe.get(spiffe_id)

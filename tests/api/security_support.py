@@ -1,0 +1,92 @@
+"""Helpers for security tests: token files, SPIFFE maps, a throwaway CA."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from fencepost_server.security import hash_token
+
+TOKENS = {
+    "token-tenant-a": ("tenant-a", "service"),
+    "token-tenant-b": ("tenant-b", "service"),
+    "token-operator-a": ("tenant-a", "operator"),
+}
+
+
+def write_tokens(path: Path, tokens: dict[str, tuple[str, str]] = TOKENS) -> Path:
+    entries = [{"name": f"t{i}", "sha256": hash_token(tok), "tenant": tenant, "role": role}
+               for i, (tok, (tenant, role)) in enumerate(tokens.items())]
+    path.write_text(json.dumps({"tokens": entries}))
+    return path
+
+
+def write_spiffe(path: Path, ids: dict[str, tuple[str, str]]) -> Path:
+    path.write_text(json.dumps({"spiffe": [{"id": i, "tenant": t, "role": r} for i, (t, r) in ids.items()]}))
+    return path
+
+
+@dataclass
+class Pki:
+    ca_pem: bytes
+    server_cert: bytes
+    server_key: bytes
+
+    def client(self, spiffe_id: str | None) -> tuple[bytes, bytes]:
+        return _issue(self, "client", spiffe_id=spiffe_id)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+_CA_KEY: dict[bytes, ec.EllipticCurvePrivateKey] = {}
+
+
+def make_pki() -> Pki:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fencepost test CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    _CA_KEY[ca_pem] = key
+    pki = Pki(ca_pem, b"", b"")
+    pki.server_cert, pki.server_key = _issue(pki, "localhost", server=True)
+    return pki
+
+
+def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = None) -> tuple[bytes, bytes]:
+    ca_key = _CA_KEY[pki.ca_pem]
+    ca = x509.load_pem_x509_certificate(pki.ca_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    sans: list[x509.GeneralName] = []
+    if server:
+        sans += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    if spiffe_id:
+        sans.append(x509.UniformResourceIdentifier(spiffe_id))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)

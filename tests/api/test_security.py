@@ -1,0 +1,207 @@
+"""Authentication, tenant isolation, mTLS, transport limits, metrics and logs."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+import fencepost
+from fencepost import errors
+from fencepost_server.app import App
+from fencepost_server.config import Settings
+from fencepost_server.storage import Storage
+from fencepost_server.storage.memory import MemoryStorage
+from tests.api.security_support import make_pki, write_spiffe, write_tokens
+from tests.api.test_serve_process import free_port, start_server, stop_server
+
+
+@pytest.fixture
+async def secured(tmp_path: Path, storage: Storage):  # type: ignore[no-untyped-def]
+    app = App(Settings(listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json")), storage=storage)
+    await app.start()
+    yield app
+    await app.stop(grace=0.2)
+
+
+def _client(app: App, token: str | None) -> fencepost.AsyncClient:
+    return fencepost.AsyncClient(f"127.0.0.1:{app.port}", token=token, retry=fencepost.NO_RETRY, timeout=10)
+
+
+async def test_missing_or_wrong_token_is_unauthenticated(secured: App) -> None:
+    for token in (None, "wrong-token", "token-tenant-a-but-longer"):
+        async with _client(secured, token) as c:
+            with pytest.raises(errors.Unauthenticated) as info:
+                await c.get("k")
+            assert info.value.code == "UNAUTHENTICATED"
+    async with _client(secured, "token-tenant-a") as c:
+        assert await c.get("k") is None
+    # a malformed authorization header is refused, never ignored
+    async with fencepost.AsyncClient(f"127.0.0.1:{secured.port}", metadata=[("authorization", "Basic abc")],
+                                     retry=fencepost.NO_RETRY) as c:
+        with pytest.raises(errors.Unauthenticated):
+            await c.get("k")
+
+
+async def test_health_stays_open_without_credentials(secured: App) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{secured.port}") as ch:
+        res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+        assert res.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_tenant_b_reaches_nothing_of_tenant_a_kv(secured: App) -> None:
+    rng = random.Random(7)
+    async with _client(secured, "token-tenant-a") as a, _client(secured, "token-tenant-b") as b:
+        corpus: list[tuple[str, str]] = []
+        for i in range(40):
+            key = rng.choice(["", "agentkit/v1/", "../", "tenant-a/kv/", "%2F"]) + f"secret/{i}/é"
+            corpus.append((key, await a.put(key, f"a-secret-{i}".encode())))
+        attempts = leaks = 0
+        for _ in range(260):
+            key, version = rng.choice(corpus)
+            variants = [key, "tenant-a/kv/" + key, "../tenant-a/kv/" + key, key.upper()]
+            probe = rng.choice(variants)
+            for result in (
+                await b.get(probe),
+                await b.get_with_version(probe),
+                [e async for e in b.list(probe[: rng.randint(0, len(probe))])],
+                (await b.put_if_version(probe, b"stolen", version)).applied,
+            ):
+                attempts += 1
+                if result:
+                    leaks += 1
+        attempts += 1
+        if await b.delete_if_version(corpus[0][0], corpus[0][1]) and (await a.get(corpus[0][0])) is None:
+            leaks += 1
+        assert attempts >= 1000 and leaks == 0
+        # and A still has every key, untouched
+        for key, version in corpus:
+            entry = await a.get(key)
+            assert entry is not None and entry.version == version
+
+
+async def test_mtls_spiffe_identity_maps_to_its_tenant(tmp_path: Path) -> None:
+    pki = make_pki()
+    (tmp_path / "ca.pem").write_bytes(pki.ca_pem)
+    (tmp_path / "server.pem").write_bytes(pki.server_cert)
+    (tmp_path / "server.key").write_bytes(pki.server_key)
+    spiffe = write_spiffe(tmp_path / "spiffe.json", {"spiffe://test.example/ns/a/sa/runtime": ("tenant-a", "service")})
+    settings = Settings(listen="127.0.0.1:0", tls_cert=tmp_path / "server.pem", tls_key=tmp_path / "server.key",
+                        tls_client_ca=tmp_path / "ca.pem", spiffe_map=spiffe,
+                        tokens_file=write_tokens(tmp_path / "tokens.json"))
+    app = App(settings, storage=MemoryStorage())
+    await app.start()
+    try:
+        def creds(spiffe_id: str | None) -> grpc.ChannelCredentials:
+            cert, key = pki.client(spiffe_id)
+            return grpc.ssl_channel_credentials(pki.ca_pem, key, cert)
+
+        opts = [("grpc.ssl_target_name_override", "localhost")]
+        target = f"127.0.0.1:{app.port}"
+        async with fencepost.AsyncClient(target, credentials=creds("spiffe://test.example/ns/a/sa/runtime"),
+                                         options=opts, retry=fencepost.NO_RETRY) as c:
+            await c.put("via-mtls", b"1")
+        # the token of the same tenant sees it: same tenant, different identity source
+        token_creds = grpc.ssl_channel_credentials(pki.ca_pem, *reversed(pki.client(None)))
+        async with fencepost.AsyncClient(target, credentials=token_creds, token="token-tenant-a",
+                                         options=opts, retry=fencepost.NO_RETRY) as c:
+            assert (await c.get("via-mtls")) is not None
+        async with fencepost.AsyncClient(target, credentials=creds("spiffe://test.example/ns/x/sa/unknown"),
+                                         options=opts, retry=fencepost.NO_RETRY) as c:
+            with pytest.raises(errors.Unauthenticated):
+                await c.get("via-mtls")
+        async with fencepost.AsyncClient(target, credentials=creds(None), options=opts,
+                                         retry=fencepost.NO_RETRY) as c:
+            with pytest.raises(errors.Unauthenticated):
+                await c.get("via-mtls")
+    finally:
+        await app.stop(grace=0.2)
+
+
+async def test_forwarded_client_cert_only_when_enabled(tmp_path: Path) -> None:
+    spiffe = write_spiffe(tmp_path / "spiffe.json", {"spiffe://mesh/ns/b/sa/x": ("tenant-b", "service")})
+    xfcc = [("x-forwarded-client-cert", 'By=spiffe://mesh/ns/fp/sa/fencepost;Hash=abc;URI=spiffe://mesh/ns/b/sa/x')]
+    app = App(Settings(listen="127.0.0.1:0", spiffe_map=spiffe, trust_xfcc=True), storage=MemoryStorage())
+    await app.start()
+    try:
+        async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", metadata=xfcc, retry=fencepost.NO_RETRY) as c:
+            await c.put("k", b"v")
+        assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k"]
+    finally:
+        await app.stop(grace=0.2)
+    # not enabled: the header is ignored and the default tenant serves (loopback dev mode)
+    plain = App(Settings(listen="127.0.0.1:0"), storage=MemoryStorage())
+    await plain.start()
+    try:
+        async with fencepost.AsyncClient(f"127.0.0.1:{plain.port}", metadata=xfcc) as c:
+            await c.put("k", b"v")
+        assert [i.key for i in await plain.storage.list("", None, 10)] == ["default/kv/k"]
+    finally:
+        await plain.stop(grace=0.2)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_oversized_message_is_refused_without_memory_growth(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_server(tmp_path, port, "--max-receive-bytes", str(1024 * 1024), "--backend", "memory://")
+    try:
+        with fencepost.Client(f"127.0.0.1:{port}", retry=fencepost.NO_RETRY,
+                              options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]) as c:
+            c.put("warm", b"x")
+            before = _rss_kib(proc.pid)
+            for _ in range(20):
+                with pytest.raises(errors.ResourceExhausted):
+                    c.put("big", b"x" * (16 * 1024 * 1024))
+            after = _rss_kib(proc.pid)
+            assert c.get("big") is None
+        # 20 x 16 MiB were sent; the server must not have kept them (allow 32 MiB of noise)
+        assert after - before < 32 * 1024, (before, after)
+    finally:
+        stop_server(proc)
+
+
+def test_metrics_move_and_logs_never_carry_tokens_or_payloads(tmp_path: Path) -> None:
+    port, metrics_port = free_port(), free_port()
+    tokens = write_tokens(tmp_path / "tokens.json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", "--backend",
+         "memory://", "--tokens-file", str(tokens), "--metrics-listen", f"127.0.0.1:{metrics_port}",
+         "--log-format", "json", "--log-level", "DEBUG"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None and "fencepost serving on" in proc.stdout.readline()
+        secret_payload = b"PAYLOAD-7f3a-should-never-be-logged"
+        with fencepost.Client(f"127.0.0.1:{port}", token="token-tenant-a") as c:
+            for i in range(25):
+                c.put(f"k{i}", secret_payload)
+                c.get(f"k{i}")
+        with fencepost.Client(f"127.0.0.1:{port}", token="token-not-valid", retry=fencepost.NO_RETRY) as c:
+            with pytest.raises(errors.Unauthenticated):
+                c.get("k0")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert 'fencepost_rpcs_total{code="OK",method="Kv/Put"} 25.0' in text
+        assert 'fencepost_rpcs_total{code="UNAUTHENTICATED",method="Kv/Get"} 1.0' in text
+        assert 'fencepost_backend_calls_total{operation="put",outcome="ok"} 25.0' in text
+        assert "fencepost_rpc_seconds_bucket" in text
+    finally:
+        stop_server(proc)  # type: ignore[arg-type]
+    logs = proc.stderr.read() if proc.stderr else ""
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    assert any(line.get("method") == "Kv/Put" for line in lines), logs[:2000]
+    for needle in ("token-tenant-a", "token-not-valid", secret_payload.decode()):
+        assert needle not in logs
