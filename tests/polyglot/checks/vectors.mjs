@@ -1,0 +1,23 @@
+// The shared key-encoding vectors: JavaScript's encodeURIComponent plus the
+// sha256 rule must agree with every vector the SDKs ship.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { assert, encodeSegment, repoRoot } from "../lib.mjs";
+
+export const name = "key-encoding vectors";
+export const services = [];
+
+export async function run() {
+  const file = process.env.FENCEPOST_VECTORS ?? join(repoRoot, "client", "fencepost", "vectors", "key_encoding.json");
+  const { vectors } = JSON.parse(readFileSync(file, "utf8"));
+  assert.ok(Array.isArray(vectors) && vectors.length > 0, "no vectors");
+  let hashed = 0;
+  for (const { input, encoded } of vectors) {
+    assert.equal(encodeSegment(input), encoded, `vector ${JSON.stringify(input).slice(0, 60)}`);
+    assert.ok(Buffer.byteLength(encoded) <= 256 + 7 || !encoded.startsWith("sha256:"));
+    if (encoded.startsWith("sha256:")) hashed += 1;
+  }
+  assert.ok(hashed > 0, "the vectors never exercise the sha256 rule");
+  return `${vectors.length} vectors (${hashed} hashed)`;
+}
