@@ -41,3 +41,7 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .fencepost .pytest_cache
+
+## Render the API reference (docs/reference.md) from the proto comments.
+docs: setup
+	$(PY) scripts/proto_docs.py

@@ -19,6 +19,14 @@ echo "check: generated code is fresh"
 "$BUF" lint
 echo "check: buf lint clean"
 
+"$PY" scripts/proto_docs.py --out "$tmp/reference.md"
+if ! diff -u docs/reference.md "$tmp/reference.md" >"$tmp/docs.diff"; then
+  head -40 "$tmp/docs.diff"
+  echo "check: docs/reference.md is stale; run 'make docs' and commit" >&2
+  exit 1
+fi
+echo "check: docs/reference.md is fresh and every proto element is commented"
+
 # Baseline: the committed proto when the working tree changed it, else the
 # commit before HEAD (the previously landed contract).
 against=${BUF_AGAINST:-}

@@ -8,6 +8,7 @@
 
 from . import errors, reasons
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
+from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
 from .client import AsyncClient, Client
 from .errors import FencepostError
@@ -16,5 +17,6 @@ from .keys import author_kv, encode_segment
 __all__ = [
     "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
     "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
+    "EvalRun", "AbSample", "AbSnapshot",
     "author_kv", "encode_segment", "errors", "reasons",
 ]

@@ -19,12 +19,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencepost.v1 import kv_pb2, kv_pb2_grpc
+from fencepost.v1 import evals_pb2, evals_pb2_grpc, kv_pb2, kv_pb2_grpc
 
 from .api.base import Authenticator, RpcObserver
+from .api.evals import EvalServicer
 from .api.kv import KvServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
+from .domain.evals import EvalStore
 from .domain.kv import KvStore
 from .domain.requests import RequestLog
 from .observability import Metrics
@@ -58,9 +60,18 @@ def _kv(ctx: AppContext, server: grpc.aio.Server) -> str:
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
+def _evals(ctx: AppContext, server: grpc.aio.Server) -> str:
+    evals = EvalStore(
+        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window
+    )
+    evals_pb2_grpc.add_EvalServiceServicer_to_server(EvalServicer(evals, ctx.auth, ctx.observer), server)
+    return evals_pb2.DESCRIPTOR.services_by_name["EvalService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
+    _evals,
 ]
 
 

@@ -21,6 +21,7 @@ class Settings:
     health_probe_seconds: float = 5.0
     request_sweep_seconds: float = 600.0
     uvloop: bool = False
+    eval_history_window: int = 50  # ListEvalRuns keeps this many newest runs per agent
     # security (spec/security.md): any of these turns authentication on
     tokens_file: Path | None = None
     spiffe_map: Path | None = None

@@ -1,0 +1,319 @@
+"""Eval-run history and A/B metric tables, derived over the KV core (seed 004).
+
+Key layout (under the tenant, see keys.TenantKeys.agent):
+
+    .../agentkit/v1/{agent}/eval-runs/{run_id}
+    .../agentkit/v1/{agent}/ab-samples/{experiment}/{session_id}/{at}
+    .../agentkit/v1/{agent}/ab-snapshot
+
+Every caller segment goes through `encode_segment`, which may replace it with
+a hash, so each stored value carries the caller's original ids: listings
+decode values, never keys. `{at}` is the ISO 8601 basic form with nanoseconds
+(`20240501T120000.000000000Z`): fixed width, so key order is time order within
+a session, and made only of unreserved characters.
+
+Costs (backend calls): PutEvalRun, PutAbSample, PutAbSnapshot: one write, no
+read (a blind put; with a request id, one transaction instead). GetAbSnapshot:
+one read. ListEvalRuns' first page reads the whole run prefix (bounded by the
+window plus the runs written since the last listing) and deletes what it prunes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from fencepost import reasons
+from fencepost.keys import encode_segment
+
+from ..storage import Delete, Expect, Item, Put, Storage
+from .errors import InvalidArgument, NotFound, limit_error
+from .keys import TenantKeys
+from .kv import _fingerprint
+from .limits import Limits
+from .paging import decode_token, encode_token, page_size
+from .requests import RequestLog
+
+DEFAULT_HISTORY_WINDOW = 50
+_RECORD_VERSION = 1
+_READ_BATCH = 1000
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRun:
+    run_id: str
+    snapshot: JsonObject
+    updated_ns: int  # server clock, nanoseconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class AbSample:
+    experiment: str
+    session_id: str
+    at_ns: int  # caller's instant, nanoseconds since the epoch
+    sample: JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class AbSnapshot:
+    snapshot: JsonObject
+    updated_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: list[EvalRun]
+    next_page_token: str
+    pruned: int
+
+
+@dataclass(frozen=True, slots=True)
+class SamplePage:
+    samples: list[AbSample]
+    next_page_token: str
+
+
+def format_at(at_ns: int) -> str:
+    """The `{at}` key segment: ISO 8601 basic UTC, nanosecond precision, fixed width."""
+    seconds, nanos = divmod(at_ns, 1_000_000_000)
+    try:
+        m = datetime.fromtimestamp(seconds, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidArgument(
+            reasons.FIELD_INVALID, "at is outside 0001-01-01..9999-12-31", {"at_seconds": seconds}, field="at"
+        ) from None
+    return f"{m.year:04d}{m.month:02d}{m.day:02d}T{m.hour:02d}{m.minute:02d}{m.second:02d}.{nanos:09d}Z"
+
+
+def _require(value: str, field: str) -> None:
+    if not value:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} must not be empty", field=field)
+    if "\x00" in value:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} must not contain NUL", field=field)
+
+
+def _segment(value: str, field: str) -> str:
+    try:
+        return encode_segment(value)
+    except UnicodeEncodeError:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} is not valid UTF-8", field=field) from None
+
+
+def _dump(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+class EvalStore:
+    """The eval and A/B rules over one backend. Stateless apart from configuration."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        limits: Limits,
+        requests: RequestLog,
+        *,
+        history_window: int = DEFAULT_HISTORY_WINDOW,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.storage = storage
+        self.limits = limits
+        self.requests = requests
+        self.history_window = history_window
+        self.clock_ns = clock_ns
+
+    # -- keys ----------------------------------------------------------------
+    def _agent_prefix(self, tenant: str, agent: str) -> str:
+        if not agent or "\x00" in agent:
+            raise InvalidArgument(
+                reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL", field="agent"
+            )
+        try:
+            return TenantKeys(tenant).agent(agent)
+        except UnicodeEncodeError:
+            raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent is not valid UTF-8", field="agent") from None
+
+    def _runs_prefix(self, tenant: str, agent: str) -> str:
+        return self._agent_prefix(tenant, agent) + "eval-runs/"
+
+    def _run_key(self, tenant: str, agent: str, run_id: str) -> str:
+        _require(run_id, "run_id")
+        return self._bounded(self._runs_prefix(tenant, agent) + _segment(run_id, "run_id"))
+
+    def _samples_prefix(self, tenant: str, agent: str, experiment: str) -> str:
+        _require(experiment, "experiment")
+        prefix = self._agent_prefix(tenant, agent) + "ab-samples/" + _segment(experiment, "experiment") + "/"
+        return self._bounded(prefix)
+
+    def _snapshot_key(self, tenant: str, agent: str) -> str:
+        return self._agent_prefix(tenant, agent) + "ab-snapshot"
+
+    def _bounded(self, key: str) -> str:
+        size = len(key.encode())
+        if size > self.limits.max_key_bytes:
+            raise limit_error(reasons.KEY_TOO_LONG, "the encoded key", self.limits.max_key_bytes, size)
+        return key
+
+    def _value(self, record: Mapping[str, Any], field: str) -> bytes:
+        try:
+            value = _dump(record)
+        except ValueError as exc:  # NaN / infinity are not JSON
+            raise InvalidArgument(reasons.FIELD_INVALID, f"{field} is not valid JSON: {exc}", field=field) from None
+        if len(value) > self.limits.max_value_bytes:
+            raise limit_error(reasons.VALUE_TOO_LARGE, field, self.limits.max_value_bytes, len(value), field=field)
+        return value
+
+    async def _write(self, tenant: str, request_id: str, key: str, value: bytes, body: JsonObject) -> bool:
+        """A blind put; with a request id, the put and its marker in one
+        transaction. False when the request id was already applied."""
+        if not request_id:
+            await self.storage.put(key, value)
+            return True
+        # The fingerprint leaves out server-stamped times, so a retry matches.
+        fp = _fingerprint("put", key, hashlib.sha256(_dump(body)).digest())
+        return await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)]) is not None
+
+    # -- eval runs -------------------------------------------------------------
+    async def put_run(
+        self, tenant: str, agent: str, run_id: str, snapshot: JsonObject, request_id: str = ""
+    ) -> EvalRun:
+        key = self._run_key(tenant, agent, run_id)
+        now = self.clock_ns()
+        value = self._value({"v": _RECORD_VERSION, "run_id": run_id, "updated_ns": now, "body": snapshot}, "snapshot")
+        if await self._write(tenant, request_id, key, value, snapshot):
+            return EvalRun(run_id, snapshot, now)
+        item = await self.storage.get(key)  # a retry: report the run as stored
+        return _run(item) if item is not None else EvalRun(run_id, snapshot, now)
+
+    async def get_run(self, tenant: str, agent: str, run_id: str) -> EvalRun:
+        item = await self.storage.get(self._run_key(tenant, agent, run_id))
+        if item is None:
+            raise NotFound(
+                reasons.EVAL_RUN_NOT_FOUND, f"no eval run {run_id!r} for agent {agent!r}",
+                {"agent": agent, "run_id": run_id},
+            )
+        return _run(item)
+
+    async def delete_run(self, tenant: str, agent: str, run_id: str, request_id: str = "") -> bool:
+        key = self._run_key(tenant, agent, run_id)
+        if not request_id:
+            return await self.storage.delete(key)
+        result = await self.requests.transact(
+            tenant, request_id, _fingerprint("delete_run", key), [], [Delete(key, Expect(exists=True))]
+        )
+        return True if result is None else result.applied
+
+    async def list_runs(
+        self, tenant: str, agent: str, size: int, token: str, history_window: int = 0
+    ) -> RunPage:
+        if history_window < 0:
+            raise InvalidArgument(
+                reasons.FIELD_INVALID, f"history_window must not be negative (got {history_window})",
+                {"history_window": history_window}, field="history_window",
+            )
+        prefix = self._runs_prefix(tenant, agent)
+        limit = page_size(self.limits, size)
+        scope = f"eval-runs\x00{tenant}\x00{agent}"
+        after = decode_token(scope, token)
+        pruned = 0
+        if after is None:
+            rows, pruned = await self._prune(prefix, history_window or self.history_window)
+            rows = rows[: limit + 1]
+        else:
+            rows = await self.storage.list(prefix, prefix + after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_token = encode_token(scope, rows[-1].key[len(prefix):]) if more else ""
+        return RunPage([_run(r) for r in rows], next_token, pruned)
+
+    async def _prune(self, prefix: str, window: int) -> tuple[list[Item], int]:
+        """Read every run, delete all but the `window` newest; the kept rows in key order."""
+        rows: list[Item] = []
+        after: str | None = None
+        while True:
+            batch = await self.storage.list(prefix, after, _READ_BATCH)
+            rows.extend(batch)
+            if len(batch) < _READ_BATCH:
+                break
+            after = batch[-1].key
+        if len(rows) <= window:
+            return rows, 0
+        updated = {r.key: _run(r).updated_ns for r in rows}
+        newest_first = sorted(rows, key=lambda r: (-updated[r.key], r.key))
+        doomed = newest_first[window:]
+        pruned = 0
+        for row in doomed:
+            # Conditioned on the version read: a run upserted meanwhile survives.
+            if (await self.storage.delete_if_version(row.key, row.version)).applied:
+                pruned += 1
+        gone = {r.key for r in doomed}
+        return [r for r in rows if r.key not in gone], pruned
+
+    # -- A/B samples -------------------------------------------------------------
+    async def put_sample(
+        self,
+        tenant: str,
+        agent: str,
+        experiment: str,
+        session_id: str,
+        at_ns: int | None,
+        sample: JsonObject,
+        request_id: str = "",
+    ) -> None:
+        prefix = self._samples_prefix(tenant, agent, experiment)
+        _require(session_id, "session_id")
+        if at_ns is None:
+            raise InvalidArgument(reasons.FIELD_INVALID, "at must be set", field="at")
+        key = self._bounded(f"{prefix}{_segment(session_id, 'session_id')}/{format_at(at_ns)}")
+        record = {
+            "v": _RECORD_VERSION, "experiment": experiment, "session_id": session_id, "at_ns": at_ns, "body": sample,
+        }
+        await self._write(tenant, request_id, key, self._value(record, "sample"), sample)
+
+    async def list_samples(
+        self, tenant: str, agent: str, experiment: str, session_id: str, size: int, token: str
+    ) -> SamplePage:
+        prefix = self._samples_prefix(tenant, agent, experiment)
+        if session_id:
+            prefix = self._bounded(prefix + _segment(session_id, "session_id") + "/")
+        limit = page_size(self.limits, size)
+        scope = f"ab-samples\x00{tenant}\x00{agent}\x00{experiment}\x00{session_id}"
+        after = decode_token(scope, token)
+        rows = await self.storage.list(prefix, prefix + after if after is not None else None, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_token = encode_token(scope, rows[-1].key[len(prefix):]) if more else ""
+        return SamplePage([_sample(r) for r in rows], next_token)
+
+    # -- A/B snapshot ------------------------------------------------------------
+    async def put_snapshot(self, tenant: str, agent: str, snapshot: JsonObject, request_id: str = "") -> int:
+        key = self._snapshot_key(tenant, agent)
+        now = self.clock_ns()
+        value = self._value({"v": _RECORD_VERSION, "updated_ns": now, "body": snapshot}, "snapshot")
+        if await self._write(tenant, request_id, key, value, snapshot):
+            return now
+        current = await self.get_snapshot(tenant, agent)  # a retry: report the snapshot as stored
+        return current.updated_ns if current is not None else now
+
+    async def get_snapshot(self, tenant: str, agent: str) -> AbSnapshot | None:
+        item = await self.storage.get(self._snapshot_key(tenant, agent))
+        if item is None:
+            return None
+        record = json.loads(item.value)
+        return AbSnapshot(record["body"], int(record["updated_ns"]))
+
+
+def _run(item: Item) -> EvalRun:
+    record = json.loads(item.value)
+    return EvalRun(record["run_id"], record["body"], int(record["updated_ns"]))
+
+
+def _sample(item: Item) -> AbSample:
+    record = json.loads(item.value)
+    return AbSample(record["experiment"], record["session_id"], int(record["at_ns"]), record["body"])
