@@ -19,13 +19,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencepost.v1 import kv_pb2, kv_pb2_grpc
+from fencepost.v1 import kv_pb2, kv_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 from .api.base import Authenticator, NullObserver, RpcObserver
 from .api.kv import KvServicer
+from .api.memory import MemoryServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.kv import KvStore
+from .domain.memory import MemoryStore
 from .domain.requests import RequestLog
 from .storage import Storage, open_backend
 
@@ -53,9 +55,16 @@ def _kv(ctx: AppContext, server: grpc.aio.Server) -> str:
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
+def _memory(ctx: AppContext, server: grpc.aio.Server) -> str:
+    memory = MemoryStore(ctx.storage, ctx.settings.limits)
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
+    return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
+    _memory,
 ]
 
 
