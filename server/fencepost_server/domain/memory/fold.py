@@ -149,6 +149,7 @@ class Fold:
         self._chrono: list[Entry] | None = None
         self._view: View | None = None
         self._budget: tuple[int, PinBudget] | None = None
+        self._all: tuple[int, list[Entry]] | None = None
 
     # -- applying records ----------------------------------------------------------
     def apply(self, position: int, rec: dict[str, Any] | None) -> None:
@@ -211,7 +212,10 @@ class Fold:
         return self._chrono
 
     def all_chrono(self) -> list[Entry]:
-        return sorted(self.entries.values(), key=chronology_key)
+        """Every entry, tombstoned included, oldest first (cached by the lane)."""
+        if self._all is None or self._all[0] != self.head:
+            self._all = (self.head, sorted(self.entries.values(), key=chronology_key))
+        return self._all[1]
 
     def view(self, at: int) -> View:
         v = self._view
