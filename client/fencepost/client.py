@@ -19,12 +19,13 @@ import grpc
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
 from ._evals import EvalMethods
 from ._kv import KvMethods
-from .v1 import evals_pb2_grpc, kv_pb2_grpc
+from ._memory import MemoryMethods
+from .v1 import evals_pb2_grpc, kv_pb2_grpc, memory_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods, EvalMethods):
+class AsyncClient(KvMethods, EvalMethods, MemoryMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -56,6 +57,7 @@ class AsyncClient(KvMethods, EvalMethods):
         self._caller = Caller(timeout, md, retry)
         self._kv = kv_pb2_grpc.KvServiceStub(channel)
         self._evals = evals_pb2_grpc.EvalServiceStub(channel)
+        self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -19,15 +19,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencepost.v1 import evals_pb2, evals_pb2_grpc, kv_pb2, kv_pb2_grpc
+from fencepost.v1 import evals_pb2, evals_pb2_grpc, kv_pb2, kv_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 from .api.base import Authenticator, RpcObserver
 from .api.evals import EvalServicer
 from .api.kv import KvServicer
+from .api.memory import MemoryServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.evals import EvalStore
 from .domain.kv import KvStore
+from .domain.memory import MemoryStore
 from .domain.requests import RequestLog
 from .observability import Metrics
 from .security import IdentityMap, build_authenticator
@@ -68,10 +70,17 @@ def _evals(ctx: AppContext, server: grpc.aio.Server) -> str:
     return evals_pb2.DESCRIPTOR.services_by_name["EvalService"].full_name
 
 
+def _memory(ctx: AppContext, server: grpc.aio.Server) -> str:
+    memory = MemoryStore(ctx.storage, ctx.settings.limits)
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
+    return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
     _evals,
+    _memory,
 ]
 
 

@@ -1,0 +1,157 @@
+"""MemoryService through a real server on loopback, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import fencepost
+from fencepost import errors
+from fencepost.v1 import memory_pb2 as pb
+from fencepost_server.api.base import Caller
+from fencepost_server.storage import Storage
+from fencepost_server.app import App
+from fencepost_server.config import Settings
+from tests.conftest import running
+
+A = "agent/one"  # a slash: agent ids are one encoded segment
+
+
+async def test_append_list_search_forget_audit(client: fencepost.AsyncClient) -> None:
+    a = await client.memory_append(A, "The deploy uses Postgres", kind="semantic", about=["Deploy pipeline"],
+                                   trust="own", metadata={"source": "chat"}, session_id="s1")
+    b = await client.memory_append(A, "deploy window is friday")
+    assert a.id != b.id and a.kind == pb.MEMORY_KIND_SEMANTIC and list(a.about) == ["Deploy pipeline"]
+    assert a.provenance.trust == pb.MEMORY_TRUST_OWN and b.provenance.trust == pb.MEMORY_TRUST_UNKNOWN
+    assert dict(a.metadata) == {"source": "chat"} and a.agent_id == A
+    listed = await client.memory_list(A)
+    assert [e.id for e in listed.entries] == [a.id, b.id]
+    found = await client.memory_search(A, "DEPLOY", strategy="relevance")
+    assert [e.id for e in found.entries] == [b.id, a.id]
+    assert found.strategy == pb.MEMORY_STRATEGY_RECENCY  # served as recency, and said so
+    assert [e.usage.recall_count for e in found.entries] == [1, 1]
+    assert [e.id for e in (await client.memory_search(A, "pipeline")).entries] == [a.id]  # about matches
+    assert (await client.memory_search(A, "!!!")).entries == []
+    assert await client.memory_forget(A, a.id)
+    assert not await client.memory_forget(A, a.id)
+    audit = await client.memory_audit(A)
+    assert [(e.id, e.forgotten) for e in audit.entries] == [(a.id, True), (b.id, False)]
+    assert audit.entries[0].usage.recall_count == 2
+
+
+async def test_caps_and_supersedes_errors(client: fencepost.AsyncClient) -> None:
+    with pytest.raises(errors.ContentTooLarge) as err:
+        await client.memory_append(A, "x" * 4097)
+    assert err.value.metadata == {"limit": "4096", "size": "4097"}
+    with pytest.raises(errors.AboutTooLarge):
+        await client.memory_append(A, "ok", about=[f"k{i}" for i in range(13)])
+    await client.memory_append("other-agent", "theirs")
+    with pytest.raises(errors.SupersedesInvalid):
+        await client.memory_append(A, "takeover", supersedes="mem-1")
+    assert (await client.memory_list(A)).entries == []
+    with pytest.raises(errors.FieldInvalid):
+        await client.memory_append("", "no agent")
+
+
+async def test_validity_and_supersession(client: fencepost.AsyncClient) -> None:
+    now = datetime.now(timezone.utc)
+    old = await client.memory_append(A, "works at Acme")
+    later = await client.memory_append(A, "works at Initech", supersedes=old.id,
+                                       valid_from=now + timedelta(days=7))
+    expired = await client.memory_append(A, "works part time", valid_until=now - timedelta(days=1))
+    assert later.validity == pb.MEMORY_VALIDITY_NOT_YET_VALID
+    assert [e.id for e in (await client.memory_list(A)).entries] == [old.id]
+    everything = await client.memory_list(A, all_validity=True)
+    assert [e.id for e in everything.entries] == [old.id, later.id, expired.id]
+    marks = {e.id: e.validity for e in (await client.memory_search(A, "works")).entries}
+    assert marks[expired.id] == pb.MEMORY_VALIDITY_EXPIRED and marks[old.id] == pb.MEMORY_VALIDITY_CURRENT
+    now_successor = await client.memory_append(A, "works at Hooli", supersedes=old.id)
+    assert [e.id for e in (await client.memory_list(A)).entries] == [now_successor.id]
+    assert await client.memory_forget(A, now_successor.id)
+    assert [e.id for e in (await client.memory_list(A)).entries] == [old.id]
+
+
+async def test_pins_topics_injection(client: fencepost.AsyncClient) -> None:
+    big = await client.memory_append(A, "a" * 2000, about=["Core"], trust="operator")
+    small = await client.memory_append(A, "b" * 100, about=["core", "misc"], trust="external")
+    assert (await client.memory_pin(A, big.id)).pinned
+    refused = await client.memory_pin(A, small.id)
+    assert not refused.pinned and "2048-byte cap" in refused.reason and refused.bytes == 2000
+    with pytest.raises(errors.EntryNotFound):
+        await client.memory_pin(A, "mem-404")
+    pinned = await client.memory_pinned(A, allocated=True)
+    assert [e.id for e in pinned.entries] == [big.id] and pinned.allocated_bytes == 2000
+    topics = await client.memory_topics(A)
+    assert [(t.name, t.count, t.trust) for t in topics] == [
+        ("Core", 2, pb.MEMORY_TRUST_EXTERNAL), ("misc", 1, pb.MEMORY_TRUST_EXTERNAL)
+    ]
+    inj = await client.memory_injection(A)
+    assert [e.id for e in inj.pinned] == [big.id] and [e.id for e in inj.recent] == [small.id]
+    assert [t.name for t in inj.topics] == ["Core", "misc"]
+    assert await client.memory_unpin(A, big.id) and not await client.memory_unpin(A, big.id)
+    assert (await client.memory_pin(A, small.id)).pinned
+
+
+async def test_import_is_operator_and_idempotent(client: fencepost.AsyncClient) -> None:
+    created = pb.MemoryEntry(id="mem-7", content="imported fact", agent_id="someone-else")
+    created.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+    created.usage.recall_count = 99  # dropped
+    res = await client.memory_import(A, [created])
+    assert res.imported == 1 and list(res.skipped) == []
+    again = await client.memory_import(A, [created])
+    assert again.imported == 0 and list(again.skipped) == ["mem-7"]
+    listed = (await client.memory_list(A)).entries
+    assert [(e.id, e.agent_id) for e in listed] == [("mem-7", A)]
+    assert listed[0].created_at.ToDatetime(tzinfo=timezone.utc) == datetime(2024, 1, 2, tzinfo=timezone.utc)
+    assert (await client.memory_append(A, "minted")).id == "mem-8"
+    assert (await client.memory_audit(A)).entries[0].usage.recall_count == 0
+    assert await client.memory_reassert_trust(A, "mem-7", "operator")
+    assert (await client.memory_list(A)).entries[0].provenance.trust == pb.MEMORY_TRUST_OPERATOR
+
+
+class _ServiceRole:
+    def identify(self, context: object) -> Caller:
+        return Caller(tenant="default", role="service", subject="svc")
+
+
+async def test_import_and_reassert_need_the_operator_role(storage: Storage) -> None:
+    app = App(Settings(listen="127.0.0.1:0"), storage=storage, auth=_ServiceRole())
+    await app.start()
+    try:
+        async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", timeout=10.0) as c:
+            entry = pb.MemoryEntry(id="x", content="y")
+            entry.created_at.GetCurrentTime()
+            with pytest.raises(errors.PermissionDenied):
+                await c.memory_import(A, [entry])
+            e = await c.memory_append(A, "ordinary writes work")
+            with pytest.raises(errors.PermissionDenied):
+                await c.memory_reassert_trust(A, e.id, "own")
+    finally:
+        await app.stop(grace=0.2)
+
+
+async def test_concurrent_pins_on_two_servers_one_effective_set(storage: Storage) -> None:
+    async with running(storage) as s1, running(storage) as s2:
+        async with s1.client(timeout=10.0) as c1, s2.client(timeout=10.0) as c2:
+            base = await c1.memory_append(A, "b" * 1000)
+            assert (await c1.memory_pin(A, base.id)).pinned
+            x = await c1.memory_append(A, "x" * 900)
+            y = await c2.memory_append(A, "y" * 900)
+            await c1.memory_pinned(A), await c2.memory_pinned(A)  # both caches warm
+            r1, r2 = await asyncio.gather(c1.memory_pin(A, x.id), c2.memory_pin(A, y.id))
+            assert [r1.pinned, r2.pinned].count(True) == 1
+            views = []
+            for c in (c1, c2):
+                for allocated in (False, True):
+                    res = await c.memory_pinned(A, allocated=allocated)
+                    views.append(([e.id for e in res.entries], res.allocated_bytes))
+                inj = await c.memory_injection(A)
+                views.append(([e.id for e in inj.pinned], sum(len(e.content) for e in inj.pinned)))
+            assert len(set(map(str, views))) == 1
+            assert views[0] == ([base.id, x.id if r1.pinned else y.id], 1900)
+
+
+def test_sync_client_has_memory_methods() -> None:
+    assert hasattr(fencepost.Client, "memory_append") and hasattr(fencepost.Client, "memory_list_all")

@@ -1,0 +1,289 @@
+"""MemoryStore over every backend (the `storage` fixture), with a test clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencepost_server.domain.errors import InvalidArgument, NotFound
+from fencepost_server.domain.memory import Entry, MemoryStore, NewEntry
+from fencepost_server.storage import Storage
+
+T, A, B = "tenant", "agent-a", "agent-b"
+
+
+class Clock:
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        self.now += 1  # every write gets its own created_at
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def mem(storage: Storage, clock: Clock) -> MemoryStore:
+    return MemoryStore(storage, clock=clock)
+
+
+async def lane_len(storage: Storage) -> int:
+    return len(await storage.list_keys("", None, 10_000))
+
+
+async def ids(mem: MemoryStore, agent: str = A, **kw: object) -> list[str]:
+    return [v.entry.id for v in (await mem.list(T, agent, **kw)).entries]  # type: ignore[arg-type]
+
+
+async def test_caps_refuse_and_write_nothing(mem: MemoryStore, storage: Storage) -> None:
+    before = await lane_len(storage)
+    for content, options, reason in [
+        ("x" * 4097, NewEntry(), "CONTENT_TOO_LARGE"),
+        ("ok", NewEntry(about=[f"k{i}" for i in range(13)]), "ABOUT_TOO_LARGE"),
+        ("ok", NewEntry(about=["a" * 300, "b" * 213]), "ABOUT_TOO_LARGE"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            await mem.append(T, A, content, options)
+        assert err.value.reason == reason
+    assert await lane_len(storage) == before
+    # cleaning happens before the cap: 13 spellings of 12 keys fit
+    e = await mem.append(T, A, "ok", NewEntry(about=[" Deploy ", "deploy", *[f"k{i}" for i in range(11)], ""]))
+    assert e.about == ("Deploy", *[f"k{i}" for i in range(11)])
+
+
+async def test_list_search_order_and_forget(mem: MemoryStore, clock: Clock) -> None:
+    a = await mem.append(T, A, "the deploy uses postgres")
+    b = await mem.append(T, A, "Deploy window is Friday")
+    c = await mem.append(T, A, "unrelated")
+    assert await ids(mem) == [a.id, b.id, c.id]
+    found = await mem.search(T, A, "deploy")
+    assert [v.entry.id for v in found.entries] == [b.id, a.id] and found.strategy == "recency"
+    assert (await mem.search(T, A, "...")).entries == []
+    assert await mem.forget(T, A, a.id)
+    assert not await mem.forget(T, A, a.id)
+    assert not await mem.forget(T, A, "mem-999")
+    assert await ids(mem) == [b.id, c.id]
+    audit = (await mem.audit(T, A)).entries
+    assert [(v.entry.id, v.forgotten) for v in audit] == [(a.id, True), (b.id, False), (c.id, False)]
+
+
+async def test_search_ties_and_usage(mem: MemoryStore, storage: Storage) -> None:
+    await mem.import_entries(T, A, [Entry("z", "same time", 500), Entry("y", "same time", 500), Entry("x", "same", 400)])
+    first = await mem.search(T, A, "same")
+    assert [v.entry.id for v in first.entries] == ["y", "z", "x"]
+    assert [v.usage.recall_count for v in first.entries if v.usage] == [1, 1, 1]
+    again = await mem.search(T, A, "time", limit=1)
+    assert [v.entry.id for v in again.entries] == ["y"] and again.truncated
+    assert again.entries[0].usage and again.entries[0].usage.recall_count == 2
+    # losing the usage index loses statistics, never memories
+    for key in await storage.list_keys("", None, 1000):
+        if "/usage/" in key:
+            await storage.delete(key)
+    fresh = MemoryStore(storage)
+    assert [v.entry.id for v in (await fresh.search(T, A, "same")).entries] == ["y", "z", "x"]
+
+
+async def test_validity_current_list_and_search_marks(mem: MemoryStore, clock: Clock) -> None:
+    now = clock.now
+    past = await mem.append(T, A, "fact expired", NewEntry(valid_until=now + 5))
+    future = await mem.append(T, A, "fact future", NewEntry(valid_from=now + 1000))
+    always = await mem.append(T, A, "fact always")
+    clock.now = now + 10
+    assert await ids(mem) == [always.id]
+    assert await ids(mem, validity="all") == [past.id, future.id, always.id]
+    marks = {v.entry.id: v.validity for v in (await mem.search(T, A, "fact")).entries}
+    assert marks == {past.id: "expired", future.id: "not-yet-valid", always.id: "current"}
+    clock.now = now + 1000 - 1  # `now` is read as +1: exactly valid_from
+    assert future.id in await ids(mem)
+
+
+async def test_supersession_at_an_instant(mem: MemoryStore, clock: Clock) -> None:
+    old = await mem.append(T, A, "works at Acme")
+    start = clock.now + 100
+    new = await mem.append(T, A, "works at Initech", NewEntry(supersedes=old.id, valid_from=start))
+    assert await ids(mem, validity="all") == [old.id, new.id]  # successor not current yet: old stands
+    clock.now = start
+    assert await ids(mem, validity="all") == [new.id]
+    assert [v.entry.id for v in (await mem.search(T, A, "works")).entries] == [new.id]
+    # the retired entry is not mutable
+    assert not await mem.forget(T, A, old.id)
+    # forgetting the successor releases it
+    assert await mem.forget(T, A, new.id)
+    assert await ids(mem) == [old.id]
+
+
+async def test_two_successors_both_retire(mem: MemoryStore) -> None:
+    old = await mem.append(T, A, "v1")
+    s1 = await mem.append(T, A, "v2", NewEntry(supersedes=old.id))
+    with pytest.raises(InvalidArgument) as err:  # old is no longer live
+        await mem.append(T, A, "v3", NewEntry(supersedes=old.id))
+    assert err.value.reason == "SUPERSEDES_INVALID"
+    # a second successor written while both are live (import keeps it verbatim)
+    await mem.import_entries(T, A, [Entry("s2", "v3", 10**18, supersedes=old.id)])
+    assert await ids(mem) == [s1.id, "s2"]
+    assert await mem.forget(T, A, s1.id)
+    assert await ids(mem) == ["s2"]  # s2 still retires it
+    assert await mem.forget(T, A, "s2")
+    assert await ids(mem) == [old.id]
+
+
+async def test_supersedes_another_agents_id_is_refused(mem: MemoryStore, storage: Storage) -> None:
+    await mem.append(T, A, "mine")
+    theirs = await mem.import_entries(T, B, [Entry("b-secret", "b's fact", 5)])
+    assert theirs.imported == 1
+    before = await lane_len(storage)
+    with pytest.raises(InvalidArgument) as err:
+        await mem.append(T, A, "takeover", NewEntry(supersedes="b-secret"))
+    assert err.value.reason == "SUPERSEDES_INVALID"
+    assert await lane_len(storage) == before
+    assert await ids(mem, B) == ["b-secret"]
+    # nor in another tenant under the same agent name
+    await mem.append("other", A, "x")
+    with pytest.raises(InvalidArgument):
+        await mem.append("other", A, "y", NewEntry(supersedes="b-secret"))
+
+
+async def test_pins_cap_inert_never_evict_repin(mem: MemoryStore, storage: Storage) -> None:
+    big = await mem.append(T, A, "a" * 1500)
+    mid = await mem.append(T, A, "b" * 500)
+    small = await mem.append(T, A, "c" * 100)
+    assert (await mem.pin(T, A, big.id)).pinned
+    assert (await mem.pin(T, A, mid.id)).bytes == 2000
+    before = await lane_len(storage)
+    refused = await mem.pin(T, A, small.id)
+    assert not refused.pinned and "2048-byte cap" in refused.reason and refused.bytes == 2000
+    assert await lane_len(storage) == before  # nothing recorded
+    again = await mem.pin(T, A, big.id)  # re-pin: no move, no record
+    assert again.pinned and await lane_len(storage) == before
+    views, allocated = await mem.pinned(T, A)
+    assert [v.entry.id for v in views] == [big.id, mid.id] and allocated == 2000
+    with pytest.raises(NotFound):
+        await mem.pin(T, A, "mem-999")
+
+
+async def test_pin_refused_after_inert_pin_names_blocking_id(mem: MemoryStore, storage: Storage) -> None:
+    a = await mem.append(T, A, "a" * 1500)
+    b = await mem.append(T, A, "b" * 1000)
+    tiny = await mem.append(T, A, "t")
+    # two writers that both read an empty budget and appended blind (the race
+    # the replay rule resolves): b's pin is recorded but inert
+    folded = await mem.fold(T, A)
+    for pos, eid in ((folded.head + 1, a.id), (folded.head + 2, b.id)):
+        await storage.put_if_absent(
+            f"{mem._lane(T, A)}{pos:020d}", f'{{"t":"p","id":"{eid}"}}'.encode()
+        )
+    out = await mem.pin(T, A, tiny.id)
+    assert not out.pinned and out.blocking_id == b.id and b.id in out.reason
+    views, _ = await mem.pinned(T, A)
+    assert [v.entry.id for v in views] == [a.id]
+    assert await mem.unpin(T, A, b.id)  # an inert pin can be unpinned
+    assert (await mem.pin(T, A, tiny.id)).pinned
+
+
+async def test_pinned_current_vs_allocated(mem: MemoryStore, clock: Clock) -> None:
+    old = await mem.append(T, A, "old fact")
+    brief = await mem.append(T, A, "brief", NewEntry(valid_until=clock.now + 50))
+    for e in (old, brief):
+        assert (await mem.pin(T, A, e.id)).pinned
+    await mem.append(T, A, "new fact", NewEntry(supersedes=old.id))
+    clock.now += 100
+    current, allocated_bytes = await mem.pinned(T, A)
+    allocated, _ = await mem.pinned(T, A, "allocated")
+    assert current == []
+    assert [v.entry.id for v in allocated] == [old.id, brief.id]
+    assert allocated_bytes == len("old fact") + len("brief")
+    assert [v.superseded for v in allocated] == [True, False]
+
+
+async def test_topics_over_entries_true_now(mem: MemoryStore, clock: Clock) -> None:
+    await mem.append(T, A, "1", NewEntry(about=["Deploy"], trust="own"))
+    await mem.append(T, A, "2", NewEntry(about=["deploy", "DB"], trust="user"))
+    await mem.append(T, A, "3", NewEntry(about=["db"], trust="external", valid_until=clock.now + 2))
+    clock.now += 10
+    topics = await mem.topics(T, A)
+    assert [(t.name, t.count, t.trust) for t in topics] == [("Deploy", 2, "user"), ("DB", 1, "user")]
+
+
+async def test_injection_blocks(mem: MemoryStore) -> None:
+    pinned = await mem.append(T, A, "core fact", NewEntry(about=["core"]))
+    assert (await mem.pin(T, A, pinned.id)).pinned
+    recent = [await mem.append(T, A, f"recent {i}") for i in range(10)]
+    inj = await mem.build_injection(T, A)
+    assert [e.id for e in inj.pinned] == [pinned.id]
+    assert [e.id for e in inj.recent] == [e.id for e in recent[-8:]]
+    assert [t.name for t in inj.topics] == ["core"] and "core" in inj.topics_text
+
+
+async def test_import_rerun_is_noop_and_minting_skips_imported(mem: MemoryStore, storage: Storage) -> None:
+    batch = [Entry("mem-1", "one", 10, kind="semantic"), Entry("mem-3", "three", 30), Entry("ext", "x", 5)]
+    first = await mem.import_entries(T, A, batch)
+    assert first.imported == 3 and first.skipped == []
+    size = await lane_len(storage)
+    again = await mem.import_entries(T, A, batch)
+    assert again.imported == 0 and again.skipped == ["mem-1", "mem-3", "ext"]
+    assert await lane_len(storage) == size
+    minted = await mem.append(T, A, "new")
+    assert minted.id == "mem-4"
+    # another replica with a cold cache agrees
+    assert (await MemoryStore(storage).append(T, A, "newer")).id == "mem-5"
+    # a refused import writes nothing
+    with pytest.raises(InvalidArgument) as err:
+        await mem.import_entries(T, A, [Entry("ok", "fine", 1), Entry("bad", "x" * 4097, 1)])
+    assert err.value.reason == "CONTENT_TOO_LARGE" and err.value.field == "entries[1].content"
+    assert "ok" not in await ids(mem)
+
+
+async def test_import_over_a_chunk(mem: MemoryStore) -> None:
+    batch = [Entry(f"i{n:04d}", f"fact {n}", 1000 + n) for n in range(250)]
+    assert (await mem.import_entries(T, A, batch)).imported == 250
+    page = await mem.list(T, A, size=100)
+    seen = [v.entry.id for v in page.entries]
+    while page.next_page_token:
+        page = await mem.list(T, A, size=100, token=page.next_page_token)
+        seen += [v.entry.id for v in page.entries]
+    assert seen == [e.id for e in batch]
+
+
+async def test_request_id_applies_once(mem: MemoryStore, storage: Storage) -> None:
+    e1 = await mem.append(T, A, "hello", request_id="r1")
+    other = MemoryStore(storage)  # a replica that never saw r1
+    e2 = await other.append(T, A, "hello", request_id="r1")
+    assert e1.id == e2.id and await ids(mem) == [e1.id]
+    with pytest.raises(InvalidArgument) as err:
+        await other.append(T, A, "different", request_id="r1")
+    assert err.value.reason == "REQUEST_ID_REUSED"
+
+
+async def test_concurrent_appends_on_two_replicas_never_share_ids(storage: Storage) -> None:
+    r1, r2 = MemoryStore(storage), MemoryStore(storage)
+    made = await asyncio.gather(*(r.append(T, A, f"f{i}") for i in range(10) for r in (r1, r2)))
+    assert len({e.id for e in made}) == 20
+    assert len(await ids(MemoryStore(storage))) == 20
+
+
+async def test_concurrent_pins_near_cap_one_effective_set(storage: Storage) -> None:
+    """Two replicas (separate caches, both warm at the same head) pin near the
+    cap at once: the lane linearizes them, exactly one is accepted, and every
+    reader agrees on the effective set."""
+    setup = MemoryStore(storage)
+    base = await setup.append(T, A, "b" * 1000)
+    assert (await setup.pin(T, A, base.id)).pinned
+    x = await setup.append(T, A, "x" * 900)
+    y = await setup.append(T, A, "y" * 900)
+    r1, r2 = MemoryStore(storage), MemoryStore(storage)
+    await r1.fold(T, A), await r2.fold(T, A)
+    out1, out2 = await asyncio.gather(r1.pin(T, A, x.id), r2.pin(T, A, y.id))
+    assert [out1.pinned, out2.pinned].count(True) == 1
+    loser = out2 if out1.pinned else out1
+    assert "2048-byte cap" in loser.reason
+    sets = []
+    for reader in (r1, r2, setup, MemoryStore(storage)):
+        views, allocated = await reader.pinned(T, A)
+        sets.append(([v.entry.id for v in views], allocated))
+    winner = x.id if out1.pinned else y.id
+    assert all(s == ([base.id, winner], 1900) for s in sets)
