@@ -9,6 +9,7 @@
 from . import errors, reasons
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
+from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
 from .client import AsyncClient, Client
 from .errors import FencepostError
 from .keys import author_kv, encode_segment
@@ -17,4 +18,5 @@ __all__ = [
     "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
     "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
     "author_kv", "encode_segment", "errors", "reasons",
+    "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
 ]

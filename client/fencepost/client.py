@@ -18,12 +18,13 @@ import grpc
 
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
 from ._kv import KvMethods
-from .v1 import kv_pb2_grpc
+from ._ledger import LedgerMethods
+from .v1 import kv_pb2_grpc, ledger_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods):
+class AsyncClient(KvMethods, LedgerMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -54,6 +55,7 @@ class AsyncClient(KvMethods):
         self._channel = channel
         self._caller = Caller(timeout, md, retry)
         self._kv = kv_pb2_grpc.KvServiceStub(channel)
+        self._ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -538,9 +538,11 @@ class AcquireLeaseResponse(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     PENDING_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
-    """The session head at the grant."""
+    """The session head at the grant. Not filled by this server (0), so a
+    grant stays one backend write: read GetSession for the head.
+    """
     pending: _builtins.int
-    """Events pending at the grant."""
+    """Events pending at the grant. Not filled by this server (0); see seq."""
     @_builtins.property
     def lease(self) -> Global___Lease:
         """The lease (holder, new generation, expiry)."""
