@@ -20,8 +20,7 @@ from .fork import ForkMethods
 from .inbox import Delivery, InboxEvent, InboxMethods
 from .janitor import Janitor, JanitorStats
 from .layout import LeaseState
-from .leases import LeaseMethods
-from .sessions import SessionMethods, SessionSummary
+from .sessions import SessionSummary
 
 
 class Ledger(ForkMethods, InboxMethods, CommitMethods):
