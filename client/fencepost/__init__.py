@@ -10,6 +10,7 @@ from . import errors, reasons
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
+from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
 from .client import AsyncClient, Client
 from .errors import FencepostError
 from .keys import author_kv, encode_segment
@@ -19,4 +20,5 @@ __all__ = [
     "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
     "EvalRun", "AbSample", "AbSnapshot",
     "author_kv", "encode_segment", "errors", "reasons",
+    "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
 ]

@@ -19,13 +19,14 @@ import grpc
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
 from ._evals import EvalMethods
 from ._kv import KvMethods
+from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
-from .v1 import evals_pb2_grpc, kv_pb2_grpc, memory_pb2_grpc
+from .v1 import evals_pb2_grpc, kv_pb2_grpc, ledger_pb2_grpc, memory_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods, EvalMethods, MemoryMethods):
+class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -58,6 +59,7 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods):
         self._kv = kv_pb2_grpc.KvServiceStub(channel)
         self._evals = evals_pb2_grpc.EvalServiceStub(channel)
         self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
+        self._ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -19,16 +19,27 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencepost.v1 import evals_pb2, evals_pb2_grpc, kv_pb2, kv_pb2_grpc, memory_pb2, memory_pb2_grpc
+from fencepost.v1 import (
+    evals_pb2,
+    evals_pb2_grpc,
+    kv_pb2,
+    kv_pb2_grpc,
+    ledger_pb2,
+    ledger_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
+)
 
 from .api.base import Authenticator, RpcObserver
 from .api.evals import EvalServicer
 from .api.kv import KvServicer
+from .api.ledger import LedgerServicer
 from .api.memory import MemoryServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.evals import EvalStore
 from .domain.kv import KvStore
+from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
 from .domain.requests import RequestLog
 from .observability import Metrics
@@ -76,11 +87,20 @@ def _memory(ctx: AppContext, server: grpc.aio.Server) -> str:
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 
+def _ledger(ctx: AppContext, server: grpc.aio.Server) -> str:
+    ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config())
+    ledger_pb2_grpc.add_LedgerServiceServicer_to_server(LedgerServicer(ledger, ctx.auth, ctx.observer), server)
+    if ctx.settings.ledger_janitor:
+        ctx.background.append(ledger.janitor.run)
+    return ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
     _evals,
     _memory,
+    _ledger,
 ]
 
 

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .domain.ledger.core import LedgerConfig
 from .domain.limits import Limits
 
 
@@ -30,6 +31,18 @@ class Settings:
     tls_client_ca: Path | None = None
     trust_xfcc: bool = False
     metrics_listen: str | None = None
+    # ledger: the janitor runs in every replica (safe: every action is conditional)
+    ledger_janitor: bool = True
+    ledger_janitor_seconds: float = 5.0
+    ledger_orphan_grace_seconds: float = 10.0
+    ledger_watch_poll_seconds: float = 1.0
+
+    def ledger_config(self) -> LedgerConfig:
+        return LedgerConfig(
+            janitor_interval=self.ledger_janitor_seconds,
+            orphan_grace=self.ledger_orphan_grace_seconds,
+            watch_poll=self.ledger_watch_poll_seconds,
+        )
 
     def backend_url(self) -> str:
         if self.backend:

@@ -79,7 +79,7 @@ async def test_typed_errors(client: fencepost.AsyncClient) -> None:
 
 async def test_put_ab_sample_costs_one_backend_write_over_the_wire(storage: Storage) -> None:
     counting = CountingStorage(storage)
-    async with running(counting) as srv, srv.client(timeout=10.0) as client:
+    async with running(counting, ledger_janitor=False) as srv, srv.client(timeout=10.0) as client:
         counting.reset()
         await client.put_ab_sample(AGENT, "exp", "s1", {"turn": 1}, at=T0)
         assert dict(counting.calls) == {"put": 1}

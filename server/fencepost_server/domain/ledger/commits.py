@@ -1,0 +1,167 @@
+"""Fenced commits: one transaction, no read first.
+
+    check  gen  == gen_value(G, held)                  (the fence)
+    put    head := seq(E + n)     if head == seq(E)    (the sequence)
+    put    log/{E+1..E+n}         if absent
+    delete in/{id} ...            if present           (the inbox drain)
+    put    cm/{sha(commit_id)}    if absent            (idempotency)
+    put    act/{sid}                                   (restore listing)
+
+That is at most 1 + 1 + 64 + 32 + 1 + 1 = 100 operations, the transaction
+limit. Only when the transaction fails is anything read, to say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fencepost import reasons
+
+from ...storage import Check, Delete, Expect, Put, Write
+from ..errors import FailedPrecondition, InvalidArgument, limit_error
+from .core import MAX_CONSUMED, MAX_RECORDS, LedgerBase, bad
+from .layout import check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    seq: int
+    pending: int
+    replayed: bool = False
+
+
+def _fingerprint(expected_seq: int, records: Sequence[bytes], consume: Sequence[str]) -> str:
+    h = hashlib.sha256(str(expected_seq).encode())
+    for r in records:
+        h.update(len(r).to_bytes(8, "big"))
+        h.update(r)
+    for c in consume:
+        h.update(b"\x00" + c.encode())
+    return h.hexdigest()
+
+
+class CommitMethods(LedgerBase):
+    async def commit(
+        self,
+        tenant: str,
+        sid: str,
+        generation: int,
+        expected_seq: int,
+        records: Sequence[bytes],
+        consume: Sequence[str] = (),
+        commit_id: str = "",
+    ) -> CommitResult:
+        if len(records) > MAX_RECORDS or len(consume) > MAX_CONSUMED:
+            raise InvalidArgument(
+                reasons.COMMIT_TOO_LARGE,
+                f"a commit holds at most {MAX_RECORDS} records and {MAX_CONSUMED} consumed ids "
+                f"(got {len(records)} and {len(consume)})",
+                {"records": len(records), "consumed": len(consume),
+                 "max_records": MAX_RECORDS, "max_consumed": MAX_CONSUMED},
+            )
+        for i, rec in enumerate(records):
+            if len(rec) > self.limits.max_value_bytes:
+                raise limit_error(
+                    reasons.RECORD_TOO_LARGE, f"records[{i}]", self.limits.max_value_bytes, len(rec),
+                    field="records",
+                )
+        for cid in consume:
+            check_inbox_id(cid, "consume_inbox_ids")
+        if len(set(consume)) != len(consume):
+            raise bad("consume_inbox_ids", "consume_inbox_ids names one id twice")
+        if expected_seq < 0:
+            raise bad("expected_seq", "expected_seq must not be negative")
+        if len(commit_id) > 256:
+            raise bad("commit_id", "commit_id is longer than 256 characters")
+
+        sk = self.keys(tenant, sid)
+        new_seq = expected_seq + len(records)
+        fp = _fingerprint(expected_seq, records, consume)
+        checks = [Check(sk.gen, Expect(value=gen_value(generation, True)))]
+        writes: list[Write] = [Put(sk.head, seq_value(new_seq), Expect(value=seq_value(expected_seq)))]
+        writes += [
+            Put(sk.log_key(expected_seq + 1 + i), rec, Expect(exists=False)) for i, rec in enumerate(records)
+        ]
+        writes += [Delete(sk.inbox_key(cid), Expect(exists=True)) for cid in consume]
+        if commit_id:
+            writes.append(Put(sk.commit_key(commit_id), dumps({"s": new_seq, "f": fp}), Expect(exists=False)))
+        writes.append(Put(sk.act, dumps({"t": self.clock(), "s": new_seq})))
+        size = sum(len(op.key.encode()) for op in (*checks, *writes))
+        size += sum(len(w.value) for w in writes if isinstance(w, Put))
+        if size > self.limits.max_txn_bytes:
+            raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
+                              field="records")
+
+        # The pending count is listed concurrently (one round trip of latency):
+        # whether the listing ran before or after the write, the consumed ids
+        # are subtracted, so it counts exactly the events the commit left.
+        txn = asyncio.ensure_future(self.storage.transact(checks, writes))
+        listing = asyncio.ensure_future(self.storage.list_keys(sk.inbox, None, 1000 + len(consume)))
+        try:
+            res = await txn
+        except BaseException:
+            listing.cancel()
+            raise
+        if res.applied:
+            self.notify_commit(sid)
+            return CommitResult(new_seq, await self._pending_from(listing, sk.inbox, consume))
+        listing.cancel()
+        why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
+        if isinstance(why, CommitReplay):
+            return CommitResult(why.seq, await self.count_inbox(sk), replayed=True)
+        raise why
+
+    def notify_commit(self, sid: str) -> None:
+        """Hook for watchers (nothing to do today)."""
+
+    async def _pending_from(self, listing: asyncio.Future[list[str]], prefix: str, consume: Sequence[str]) -> int:
+        consumed = {prefix + c for c in consume}
+        return len([k for k in await listing if k not in consumed])
+
+    async def _why(
+        self, sk, sid: str, generation: int, expected_seq: int, consume: Sequence[str],  # type: ignore[no-untyped-def]
+        commit_id: str, fp: str,
+    ) -> Exception | CommitReplay:
+        """Why a commit did not apply: read the facts in precedence order
+        (a replay of an applied commit wins over everything)."""
+        if commit_id:
+            marker = await self.storage.get(sk.commit_key(commit_id))
+            if marker is not None:
+                first = json.loads(marker.value)
+                if first["f"] != fp:
+                    return bad("commit_id", "commit_id was already used for a different commit")
+                return CommitReplay(int(first["s"]))
+        gen = await self.storage.get(sk.gen)
+        if gen is None:
+            return session_not_found(sid)
+        if gen.value != gen_value(generation, True):
+            return await self.fenced(sk, generation)  # type: ignore[attr-defined,no-any-return]
+        head = await self.storage.get(sk.head)
+        current = parse_seq(head.value) if head is not None else -1
+        if current != expected_seq:
+            return FailedPrecondition(
+                reasons.SEQUENCE_MISMATCH,
+                f"expected_seq {expected_seq} is not the head ({current}); re-read the log",
+                {"expected_seq": expected_seq, "current_seq": current},
+            )
+        gone = []
+        for cid in consume:
+            if await self.storage.get(sk.inbox_key(cid)) is None:
+                gone.append(cid)
+        return FailedPrecondition(
+            reasons.INBOX_ENTRY_GONE,
+            f"inbox entries {gone} are not pending; nothing was written",
+            {"inbox_ids": ",".join(gone)},
+        )
+
+
+class CommitReplay(Exception):
+    """Internal: the commit was already applied (returned by `_why`, never raised)."""
+
+    def __init__(self, seq: int) -> None:
+        super().__init__(seq)
+        self.seq = seq

@@ -1,0 +1,165 @@
+"""What every part of the ledger shares: configuration, clock, caches, views, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from fencepost import reasons
+
+from ...storage import Item, Storage
+from ..errors import Aborted, FailedPrecondition, InvalidArgument
+from ..limits import Limits
+from .layout import LeaseState, Meta, SessionKeys, session_not_found
+
+MAX_RECORDS = 64
+MAX_CONSUMED = 32
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    default_ttl: float = 30.0
+    max_ttl: float = 3600.0
+    inline_event_bytes: int = 64 * 1024  # larger payloads go to a blob
+    read_page: int = 256  # log records per backend list call
+    janitor_interval: float = 5.0
+    orphan_grace: float = 10.0
+    watch_poll: float = 1.0  # WatchInbox re-list period (deliveries through other replicas)
+    cache_size: int = 10_000  # lease items and identities remembered per process
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    session_id: str
+    agent: str
+    session_key: str
+    seq: int
+    lease: LeaseState
+    pending: int
+    parent: str
+    seed_length: int
+    created: float
+    last_activity: float
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+def lease_held(st: LeaseState) -> FailedPrecondition:
+    return FailedPrecondition(
+        reasons.LEASE_HELD,
+        f"the lease is held by {st.holder!r} (generation {st.generation}) until {rfc3339(st.expires)}",
+        {"holder": st.holder, "generation": st.generation, "expires_at": rfc3339(st.expires)},
+    )
+
+
+def lease_fenced(generation: int, current: int, released: bool = False) -> FailedPrecondition:
+    why = "was released" if released and current == generation else f"is now {current}"
+    return FailedPrecondition(
+        reasons.LEASE_FENCED,
+        f"generation {generation} is no longer current (the lease {why}); stop working on this session",
+        {"generation": generation, "current_generation": current},
+    )
+
+
+def contended(what: str) -> Aborted:
+    return Aborted(reasons.TXN_CONTENDED, f"{what} kept conflicting with concurrent writes; retry")
+
+
+def bad(field_name: str, message: str) -> InvalidArgument:
+    return InvalidArgument(reasons.FIELD_INVALID, message, field=field_name)
+
+
+class _Lru:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data: OrderedDict[str, object] = OrderedDict()
+
+    def get(self, key: str) -> object | None:
+        value = self.data.get(key)
+        if value is not None:
+            self.data.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: object) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.size:
+            self.data.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        self.data.pop(key, None)
+
+
+class LedgerBase:
+    """State shared by the ledger's parts. The caches only save reads: every
+    decision made from a cached item is a conditional write that fails (and
+    is re-decided from a fresh read) when the item changed."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        limits: Limits | None = None,
+        config: LedgerConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.storage = storage
+        self.limits = limits or Limits()
+        self.config = config or LedgerConfig()
+        self.clock = clock
+        self._leases = _Lru(self.config.cache_size)  # lease key -> Item last seen / written
+        self._identities = _Lru(self.config.cache_size)  # identity key -> session id (immutable)
+        self._watchers: dict[str, set[asyncio.Event]] = {}
+
+    # -- helpers --------------------------------------------------------------------
+    def keys(self, tenant: str, sid: str) -> SessionKeys:
+        return SessionKeys(tenant, sid)
+
+    def ttl(self, ttl: float | None) -> float:
+        if ttl is None or ttl <= 0:
+            return self.config.default_ttl
+        if ttl > self.config.max_ttl:
+            raise bad("ttl", f"ttl {ttl}s is over the maximum of {self.config.max_ttl}s")
+        return ttl
+
+    def remember_lease(self, key: str, item: Item | None) -> None:
+        if item is None:
+            self._leases.drop(key)
+        else:
+            self._leases.put(key, item)
+
+    def cached_lease(self, key: str) -> Item | None:
+        return self._leases.get(key)  # type: ignore[return-value]
+
+    async def read_lease(self, sk: SessionKeys) -> Item:
+        item = await self.storage.get(sk.lease)
+        if item is None:
+            raise session_not_found(sk.sid)
+        self.remember_lease(sk.lease, item)
+        return item
+
+    async def read_meta(self, sk: SessionKeys) -> Meta:
+        item = await self.storage.get(sk.meta)
+        if item is None:
+            raise session_not_found(sk.sid)
+        return Meta.decode(item.value)
+
+    async def count_inbox(self, sk: SessionKeys, cap: int = 10_000) -> int:
+        count, start = 0, None
+        while count < cap:
+            keys = await self.storage.list_keys(sk.inbox, start, 1000)
+            count += len(keys)
+            if len(keys) < 1000:
+                break
+            start = keys[-1]
+        return count
+
+    def notify(self, sid: str) -> None:
+        for event in self._watchers.get(sid, ()):
+            event.set()

@@ -1,0 +1,96 @@
+"""Forks, and reading a log whose prefix may belong to ancestors.
+
+A child stores only its own records (seq > seed_length); the records
+1..seed_length are read from the parent (recursively, for forks of forks).
+Records are immutable once committed, so the parent may keep committing
+without affecting any child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fencepost import reasons
+
+from .core import SessionView, bad
+from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
+from .sessions import AlreadyExists, SessionMethods, check_name
+
+Page = list[tuple[int, bytes]]
+
+
+class ForkMethods(SessionMethods):
+    async def fork(self, tenant: str, parent_sid: str, at_seq: int, child_key: str) -> SessionView:
+        """A child whose log is the parent's 1..at_seq (shared) then its own."""
+        check_name(child_key, "child_session_key")
+        parent = self.keys(tenant, parent_sid)
+        meta_i, head_i = await asyncio.gather(self.storage.get(parent.meta), self.storage.get(parent.head))
+        if meta_i is None or head_i is None:
+            raise session_not_found(parent_sid)
+        head = parse_seq(head_i.value)
+        if not 0 <= at_seq <= head:
+            raise bad("at_seq", f"at_seq {at_seq} is outside the parent's log 0..{head}")
+        agent = parent.agent
+        idkey = identity_key(tenant, agent, child_key)
+        existing = await self._sid_for(tenant, agent, child_key)
+        if existing is None:
+            sid = new_session_id(agent)
+            sk = SessionKeys(tenant, sid, agent)
+            meta = Meta(sid, agent, child_key, self.clock(), parent_sid, at_seq, {})
+            res = await self.storage.transact((), self._create_writes(sk, meta, idkey, at_seq))
+            if res.applied:
+                self._identities.put(idkey, sid)
+                return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
+            existing = await self._sid_for(tenant, agent, child_key)
+        view = await self.get(tenant, existing or "")
+        if view.parent == parent_sid and view.seed_length == at_seq:
+            return view  # a retried fork
+        raise AlreadyExists(
+            reasons.FIELD_INVALID, f"child_session_key {child_key!r} already names another session",
+            {"session_id": view.session_id}, field="child_session_key",
+        )
+
+    async def log_pages(
+        self, tenant: str, sid: str, from_seq: int = 1, upto: int | None = None
+    ) -> AsyncIterator[Page]:
+        """(seq, data) pages in seq order, one backend list call per page, from
+        `from_seq` to `upto` (inclusive; None = the head), fork prefix included."""
+        from_seq = max(from_seq, 1)
+        sk = self.keys(tenant, sid)
+        meta = await self.read_meta(sk)
+        if meta.parent and from_seq <= meta.seed_length:
+            stop = meta.seed_length if upto is None else min(upto, meta.seed_length)
+            async for page in self.log_pages(tenant, meta.parent, from_seq, stop):
+                yield page
+            from_seq = meta.seed_length + 1
+        if upto is not None and from_seq > upto:
+            return
+        start = sk.log_key(from_seq - 1)
+        n = self.config.read_page
+        while True:
+            items = await self.storage.list(sk.log, start, n)
+            page = [(int(it.key[len(sk.log):]), it.value) for it in items]
+            if upto is not None:
+                page = [p for p in page if p[0] <= upto]
+            if page:
+                yield page
+            if len(items) < n or (upto is not None and page and page[-1][0] >= upto) or not page:
+                return
+            start = items[-1].key
+
+    async def read_log(
+        self, tenant: str, sid: str, from_seq: int = 1, limit: int = 0
+    ) -> AsyncIterator[Page]:
+        if from_seq < 0:
+            raise bad("from_seq", "from_seq must not be negative")
+        if limit < 0:
+            raise bad("limit", "limit must not be negative")
+        left = limit or None
+        async for page in self.log_pages(tenant, sid, from_seq):
+            if left is not None:
+                page = page[:left]
+                left -= len(page)
+            yield page
+            if left is not None and left <= 0:
+                return

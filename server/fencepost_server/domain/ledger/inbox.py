@@ -1,0 +1,187 @@
+"""The durable inbox: Deliver parks an event and marks the session pending in
+one transaction; ListInbox / WatchInbox read it; commits drain it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fencepost import reasons
+
+from ...storage import Check, Expect, Item, Put, Write
+from ..errors import limit_error
+from ..paging import decode_token, encode_token, page_size
+from .core import LedgerBase, bad, contended
+from .layout import (
+    LeaseState,
+    SessionKeys,
+    decode_event,
+    dumps,
+    encode_event,
+    gen_value,
+    inbox_time,
+    new_inbox_id,
+    session_not_found,
+)
+from .leases import LeaseMethods
+from .sessions import SessionMethods, check_name
+
+_ATTEMPTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEvent:
+    inbox_id: str
+    payload: bytes
+    dedupe_key: str
+    delivered: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    session_id: str
+    inbox_id: str
+    duplicate: bool
+    lease_granted: bool
+    lease: LeaseState | None
+
+
+class InboxMethods(SessionMethods, LeaseMethods):
+    async def deliver(
+        self,
+        tenant: str,
+        *,
+        agent: str = "",
+        session_key: str = "",
+        session_id: str = "",
+        payload: bytes,
+        dedupe_key: str = "",
+        try_lease: str = "",
+        ttl: float | None = None,
+    ) -> Delivery:
+        """Park the event (one transaction; the return is the ack, after the
+        write is durable), then optionally try the lease (one more)."""
+        if len(payload) > self.limits.max_value_bytes:
+            raise limit_error(reasons.EVENT_TOO_LARGE, "payload", self.limits.max_value_bytes, len(payload),
+                              field="payload")
+        if len(dedupe_key) > 1024:
+            raise bad("dedupe_key", "dedupe_key is longer than 1024 characters")
+        if session_id:
+            sid = session_id
+        else:
+            check_name(agent, "agent")
+            sid, _ = await self.open_id(tenant, agent, session_key)
+        sk = self.keys(tenant, sid)
+        inbox_id, duplicate = await self._park(sk, payload, dedupe_key)
+        self.notify(sid)
+        granted, lease = False, None
+        if try_lease:
+            try:
+                lease = await self.acquire(tenant, sid, try_lease, ttl)  # type: ignore[attr-defined]
+                granted = True
+            except Exception as exc:  # LEASE_HELD is an answer here, not an error
+                if getattr(exc, "reason", None) != reasons.LEASE_HELD:
+                    raise
+                item = self.cached_lease(sk.lease)
+                lease = LeaseState.decode(item.value) if item is not None else None
+        return Delivery(sid, inbox_id, duplicate, granted, lease)
+
+    async def _park(self, sk: SessionKeys, payload: bytes, dedupe_key: str) -> tuple[str, bool]:
+        for _ in range(_ATTEMPTS):
+            inbox_id = new_inbox_id(self.clock())
+            header: dict[str, object] = {"d": dedupe_key, "t": self.clock()}
+            checks = [Check(sk.head, Expect(exists=True))]
+            body = payload
+            if len(payload) > self.config.inline_event_bytes:
+                # Written before the inbox entry; the entry's transaction checks
+                # it still exists (the janitor may sweep a blob left too long).
+                await self.storage.put(sk.blob_key(inbox_id), payload)
+                checks.append(Check(sk.blob_key(inbox_id), Expect(exists=True)))
+                header["b"] = 1
+                body = b""
+            writes: list[Write] = [
+                Put(sk.inbox_key(inbox_id), encode_event(header, body), Expect(exists=False)),
+                Put(sk.pending, dumps({"tenant": sk.tenant})),
+            ]
+            if dedupe_key:
+                writes.append(Put(sk.dedupe_key(dedupe_key), inbox_id.encode(), Expect(exists=False)))
+            res = await self.storage.transact(checks, writes)
+            if res.applied:
+                return inbox_id, False
+            if 0 in res.failed:
+                raise session_not_found(sk.sid)
+            if dedupe_key:
+                first = await self.storage.get(sk.dedupe_key(dedupe_key))
+                if first is not None:
+                    return first.value.decode(), True
+            # a blob swept or an id collision: try again with a fresh id
+        raise contended("Deliver")
+
+    async def _event(self, sk: SessionKeys, item: Item) -> InboxEvent:
+        header, body = decode_event(item.value)
+        inbox_id = item.key[len(sk.inbox):]
+        if header.get("b"):
+            blob = await self.storage.get(sk.blob_key(inbox_id))
+            body = blob.value if blob is not None else b""
+        return InboxEvent(inbox_id, body, str(header.get("d", "")), float(header["t"]))  # type: ignore[arg-type]
+
+    async def list_inbox(
+        self, tenant: str, sid: str, size: int = 0, token: str = ""
+    ) -> tuple[list[InboxEvent], str]:
+        sk = self.keys(tenant, sid)
+        limit = page_size(self.limits, size)
+        scope = f"ledger-inbox/{tenant}/{sid}"
+        after = decode_token(scope, token)
+        items, head = await asyncio.gather(
+            self.storage.list(sk.inbox, sk.inbox + after if after else None, limit + 1),
+            self.storage.get(sk.head),
+        )
+        if head is None:
+            raise session_not_found(sid)
+        events = [await self._event(sk, it) for it in items[:limit]]
+        nxt = encode_token(scope, events[-1].inbox_id) if len(items) > limit else ""
+        return events, nxt
+
+    async def watch_inbox(self, tenant: str, sid: str, generation: int) -> AsyncIterator[InboxEvent]:
+        """The backlog, then each newly parked event, while `generation` is
+        current and held; ends with LEASE_FENCED. Deliveries through this
+        process wake the watcher at once; others are seen within watch_poll."""
+        sk = self.keys(tenant, sid)
+        wake = asyncio.Event()
+        self._watchers.setdefault(sid, set()).add(wake)
+        seen: set[str] = set()
+        try:
+            while True:
+                wake.clear()
+                gen = await self.storage.get(sk.gen)
+                if gen is None:
+                    raise session_not_found(sid)
+                if gen.value != gen_value(generation, True):
+                    raise await self.fenced(sk, generation)
+                present: set[str] = set()
+                start = None
+                while True:
+                    items = await self.storage.list(sk.inbox, start, 200)
+                    for it in items:
+                        inbox_id = it.key[len(sk.inbox):]
+                        present.add(inbox_id)
+                        if inbox_id not in seen:
+                            yield await self._event(sk, it)
+                    if len(items) < 200:
+                        break
+                    start = items[-1].key
+                seen = present
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.config.watch_poll)
+        finally:
+            watchers = self._watchers.get(sid)
+            if watchers is not None:
+                watchers.discard(wake)
+                if not watchers:
+                    self._watchers.pop(sid, None)
+
+
+def event_age(inbox_id: str, now: float) -> float:
+    return max(0.0, now - inbox_time(inbox_id))

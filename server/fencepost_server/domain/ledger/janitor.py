@@ -1,0 +1,176 @@
+"""The janitor: a loop in every replica that finds orphaned sessions and
+sweeps leftovers. Safe on many replicas at once: everything it changes is a
+conditional write, and an orphan is granted by the same CAS as AcquireLease.
+
+Each pass, per pending-index shard (`#/ledger/pending/{shard}/`):
+- for each entry (read with its version), list the session's inbox;
+  - empty: the entry is stale; delete it *at the version read before the
+    listing*, so a Deliver that parks meanwhile (it rewrites the entry) wins;
+  - not empty, lease released or expired more than `grace` ago: an orphan,
+    offered to ClaimOrphan callers of that tenant with the lease item seen.
+Then blobs (`#/ledger/blob/{shard}/`) older than `grace` whose inbox entry is
+gone are deleted (Deliver checks its blob still exists when it parks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from urllib.parse import unquote
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ...storage import Item
+from .core import LedgerBase, SessionView
+from .layout import BLOB_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
+
+log = logging.getLogger("fencepost.ledger.janitor")
+
+_BATCH = 500
+
+
+@dataclass
+class JanitorStats:
+    passes: int = 0
+    orphans_found: int = 0  # sessions seen orphaned (per pass)
+    orphans_recovered: int = 0  # granted to a ClaimOrphan caller
+    stale_pending_swept: int = 0
+    blobs_swept: int = 0
+    oldest_pending_age: float = 0.0  # seconds, at the last pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Orphan:
+    tenant: str
+    sid: str
+    agent: str
+    lease: Item
+
+
+class Janitor:
+    def __init__(self, ledger: LedgerBase) -> None:
+        self.ledger = ledger
+        self.storage = ledger.storage
+        self.stats = JanitorStats()
+        self._orphans: dict[str, OrderedDict[str, _Orphan]] = {}  # tenant -> sid -> orphan
+        self._changed = asyncio.Condition()
+
+    @property
+    def interval(self) -> float:
+        return self.ledger.config.janitor_interval
+
+    @property
+    def grace(self) -> float:
+        return self.ledger.config.orphan_grace
+
+    async def run(self) -> None:
+        """The background loop (registered in AppContext.background)."""
+        while True:
+            try:
+                await self.scan()
+            except Exception as exc:  # an outage: try again next pass
+                log.warning("janitor pass failed: %s", exc)
+            await asyncio.sleep(self.interval)
+
+    async def scan(self) -> None:
+        now = self.ledger.clock()
+        found: dict[str, OrderedDict[str, _Orphan]] = {}
+        oldest = 0.0
+        for shard in range(PENDING_SHARDS):
+            prefix = f"{PENDING_PREFIX}{shard:02x}/"
+            start = None
+            while True:
+                entries = await self.storage.list(prefix, start, _BATCH)
+                for entry in entries:
+                    orphan, age = await self._inspect(entry, now)
+                    oldest = max(oldest, age)
+                    if orphan is not None:
+                        found.setdefault(orphan.tenant, OrderedDict())[orphan.sid] = orphan
+                if len(entries) < _BATCH:
+                    break
+                start = entries[-1].key
+        await self._sweep_blobs(now)
+        self.stats.passes += 1
+        self.stats.orphans_found += sum(len(v) for v in found.values())
+        self.stats.oldest_pending_age = oldest
+        async with self._changed:
+            self._orphans = found
+            self._changed.notify_all()
+
+    async def _inspect(self, entry: Item, now: float) -> tuple[_Orphan | None, float]:
+        sid = entry.key.rsplit("/", 1)[1]
+        tenant = json.loads(entry.value)["tenant"]
+        sk = SessionKeys(tenant, sid)
+        inbox = await self.storage.list_keys(sk.inbox, None, 1)  # listed AFTER the entry was read
+        if not inbox:
+            await self.storage.delete_if_version(entry.key, entry.version)
+            self.stats.stale_pending_swept += 1
+            return None, 0.0
+        age = max(0.0, now - inbox_time(inbox[0][len(sk.inbox):]))
+        lease = await self.storage.get(sk.lease)
+        if lease is None:
+            return None, age
+        st = LeaseState.decode(lease.value)
+        if st.released or now > st.expires + self.grace:
+            return _Orphan(tenant, sid, sk.agent, lease), age
+        return None, age
+
+    async def _sweep_blobs(self, now: float) -> None:
+        for shard in range(PENDING_SHARDS):
+            prefix = f"{BLOB_PREFIX}{shard:02x}/"
+            start = None
+            while True:
+                keys = await self.storage.list_keys(prefix, start, _BATCH)
+                for key in keys:
+                    rest = key[len(prefix):]  # {tenant}/{sid}/{inbox id}
+                    _tenant_enc, sid, inbox_id = rest.split("/", 2)
+                    if now - inbox_time(inbox_id) <= self.grace:
+                        continue
+                    tenant = _tenant_of(_tenant_enc)
+                    if tenant is None:
+                        continue
+                    inbox_key = SessionKeys(tenant, sid).inbox_key(inbox_id)
+                    if await self.storage.get(inbox_key) is None:
+                        await self.storage.delete(key)
+                        self.stats.blobs_swept += 1
+                if len(keys) < _BATCH:
+                    break
+                start = keys[-1]
+
+    # -- ClaimOrphan ------------------------------------------------------------------
+    async def claim(
+        self, tenant: str, holder: str, ttl: float | None, wait: float, agent: str = ""
+    ) -> SessionView | None:
+        """An orphan of `tenant` with a freshly granted lease, waiting up to
+        `wait` seconds. The grant is a CAS on the lease item the janitor saw:
+        if anything touched the lease since (a renew, another claim, an
+        acquire), it fails and the orphan is dropped, so one orphan is never
+        granted twice, across any number of replicas."""
+        ttl = self.ledger.ttl(ttl)
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            for orphan in list(self._orphans.get(tenant, {}).values()):
+                if agent and orphan.agent != agent:
+                    continue
+                self._orphans.get(tenant, OrderedDict()).pop(orphan.sid, None)
+                sk = SessionKeys(tenant, orphan.sid)
+                granted = await self.ledger.grant(sk, orphan.lease, holder, ttl)  # type: ignore[attr-defined]
+                if granted is not None:
+                    self.stats.orphans_recovered += 1
+                    return await self.ledger.get(tenant, orphan.sid)  # type: ignore[attr-defined,no-any-return]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+
+
+def _tenant_of(encoded: str) -> str | None:
+    """A tenant from its key segment; None for a hashed (over-long) name, whose
+    blobs are then left alone (deleting needs the inbox entry's key)."""
+    return None if encoded.startswith("sha256:") else unquote(encoded)

@@ -1,0 +1,225 @@
+"""The ledger's key layout and the canonical encodings of its small items.
+
+Per session (`{A}` = `{tenant}/sys/agentkit/v1/{agent}/durable-session/`):
+
+    {A}id/{encoded session_key}     identity: the session id (put-if-absent)
+    {A}act/{sid}                    last activity {t, s} (ListSessions scans this prefix)
+    {A}s/{sid}/meta                 immutable: key, agent, created, fork parent, seed_length
+    {A}s/{sid}/gen                  FENCE: canonical generation + held/released flag
+    {A}s/{sid}/lease                lease record {holder, gen, expires, released}
+    {A}s/{sid}/head                 FENCE: canonical head seq
+    {A}s/{sid}/size                 cache of the log's byte size {s, b} (ListSessions)
+    {A}s/{sid}/log/{seq:020d}       one committed record (immutable)
+    {A}s/{sid}/in/{inbox id}        one parked event (its presence is the fact "pending")
+    {A}s/{sid}/dd/{sha256(dedupe)}  the inbox id a dedupe key parked (kept forever)
+    {A}s/{sid}/cm/{sha256(commit)}  a commit's result, for idempotent retries
+
+Server bookkeeping the janitor scans across tenants (`#/` never starts a tenant):
+
+    #/ledger/pending/{shard}/{encoded tenant}/{sid}       "this session may have pending events"
+    #/ledger/blob/{shard}/{encoded tenant}/{sid}/{inbox id}  payloads over the inline limit
+
+The fence items hold values that are a pure function of what the caller
+already knows (its generation, its expected seq), so every fenced write can
+condition on `value == ...` without reading first.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from fencepost import reasons
+from fencepost.keys import encode_segment
+
+from ..errors import InvalidArgument, NotFound
+from ..keys import GLOBAL_PREFIX, TenantKeys
+
+PENDING_SHARDS = 16  # fixed: changing it would hide existing entries from the janitor
+PENDING_PREFIX = GLOBAL_PREFIX + "ledger/pending/"
+BLOB_PREFIX = GLOBAL_PREFIX + "ledger/blob/"
+
+_SID = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_-]+$")
+_INBOX_ID = re.compile(r"^[0-9]{20}-[0-9a-f]{8}$")
+
+
+def new_session_id(agent: str) -> str:
+    tag = base64.urlsafe_b64encode(agent.encode()).decode().rstrip("=")
+    return f"{uuid.uuid4().hex}.{tag}"
+
+
+def agent_of(session_id: str) -> str:
+    """The agent a session id belongs to; SESSION_NOT_FOUND for a malformed id."""
+    if _SID.match(session_id):
+        tag = session_id.split(".", 1)[1]
+        try:
+            return base64.urlsafe_b64decode(tag + "=" * (-len(tag) % 4)).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise session_not_found(session_id)
+
+
+def session_not_found(session_id: str) -> NotFound:
+    return NotFound(reasons.SESSION_NOT_FOUND, f"no session {session_id!r}", {"session_id": session_id})
+
+
+def shard_of(session_id: str) -> int:
+    return int(hashlib.sha256(session_id.encode()).hexdigest()[:8], 16) % PENDING_SHARDS
+
+
+def new_inbox_id(now: float | None = None) -> str:
+    """Arrival-ordered: nanoseconds since the epoch, then 32 random bits."""
+    ns = time.time_ns() if now is None else int(now * 1e9)
+    return f"{ns:020d}-{secrets.token_hex(4)}"
+
+
+def inbox_time(inbox_id: str) -> float:
+    return int(inbox_id[:20]) / 1e9
+
+
+def check_inbox_id(inbox_id: str, field: str) -> None:
+    if not _INBOX_ID.match(inbox_id):
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{inbox_id!r} is not an inbox id", field=field)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class SessionKeys:
+    """Every key of one session."""
+
+    __slots__ = (
+        "tenant", "sid", "agent", "root", "base", "meta", "gen", "lease", "head", "size", "act",
+        "log", "inbox", "dedupe", "commits", "pending", "blobs",
+    )
+
+    def __init__(self, tenant: str, sid: str, agent: str | None = None) -> None:
+        self.tenant, self.sid = tenant, sid
+        self.agent = agent if agent is not None else agent_of(sid)
+        self.root = agent_root(tenant, self.agent)
+        self.base = f"{self.root}s/{sid}/"
+        self.meta = self.base + "meta"
+        self.gen = self.base + "gen"
+        self.lease = self.base + "lease"
+        self.head = self.base + "head"
+        self.size = self.base + "size"
+        self.log = self.base + "log/"
+        self.inbox = self.base + "in/"
+        self.dedupe = self.base + "dd/"
+        self.commits = self.base + "cm/"
+        self.act = f"{self.root}act/{sid}"
+        shard = f"{shard_of(sid):02x}"
+        self.pending = f"{PENDING_PREFIX}{shard}/{encode_segment(tenant)}/{sid}"
+        self.blobs = f"{BLOB_PREFIX}{shard}/{encode_segment(tenant)}/{sid}/"
+
+    def log_key(self, seq: int) -> str:
+        return f"{self.log}{seq:020d}"
+
+    def inbox_key(self, inbox_id: str) -> str:
+        return self.inbox + inbox_id
+
+    def blob_key(self, inbox_id: str) -> str:
+        return self.blobs + inbox_id
+
+    def dedupe_key(self, dedupe: str) -> str:
+        return self.dedupe + digest(dedupe)
+
+    def commit_key(self, commit_id: str) -> str:
+        return self.commits + digest(commit_id)
+
+
+def agent_root(tenant: str, agent: str) -> str:
+    return TenantKeys(tenant).agent(agent) + "durable-session/"
+
+
+def identity_key(tenant: str, agent: str, session_key: str) -> str:
+    return f"{agent_root(tenant, agent)}id/{encode_segment(session_key)}"
+
+
+# -- canonical values -------------------------------------------------------------
+def gen_value(generation: int, held: bool) -> bytes:
+    """The fence: a pure function of (generation, held)."""
+    return f"{generation:020d}{'h' if held else 'r'}".encode()
+
+
+def parse_gen(value: bytes) -> tuple[int, bool]:
+    text = value.decode()
+    return int(text[:20]), text[20:] == "h"
+
+
+def seq_value(seq: int) -> bytes:
+    return f"{seq:020d}".encode()
+
+
+def parse_seq(value: bytes) -> int:
+    return int(value.decode())
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    holder: str
+    generation: int
+    expires: float
+    released: bool
+
+    def live(self, now: float) -> bool:
+        return not self.released and now < self.expires
+
+    def encode(self) -> bytes:
+        return dumps({"h": self.holder, "g": self.generation, "e": self.expires, "r": self.released})
+
+    @staticmethod
+    def decode(value: bytes) -> LeaseState:
+        d = json.loads(value)
+        return LeaseState(d["h"], int(d["g"]), float(d["e"]), bool(d["r"]))
+
+    def fence(self) -> bytes:
+        """The gen item's value while this lease record is current."""
+        return gen_value(self.generation, not self.released)
+
+
+NO_LEASE = LeaseState("", 0, 0.0, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    sid: str
+    agent: str
+    key: str
+    created: float
+    parent: str
+    seed_length: int
+    metadata: dict[str, str]
+
+    def encode(self) -> bytes:
+        return dumps({
+            "sid": self.sid, "a": self.agent, "k": self.key, "c": self.created,
+            "p": self.parent, "n": self.seed_length, "m": self.metadata,
+        })
+
+    @staticmethod
+    def decode(value: bytes) -> Meta:
+        d = json.loads(value)
+        return Meta(d["sid"], d["a"], d["k"], float(d["c"]), d["p"], int(d["n"]), dict(d["m"]))
+
+
+def encode_event(header: dict[str, object], payload: bytes) -> bytes:
+    head = dumps(header)
+    return len(head).to_bytes(4, "big") + head + payload
+
+
+def decode_event(value: bytes) -> tuple[dict[str, object], bytes]:
+    n = int.from_bytes(value[:4], "big")
+    return json.loads(value[4:4 + n]), value[4 + n:]

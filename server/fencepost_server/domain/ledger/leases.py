@@ -1,0 +1,141 @@
+"""Leases: acquire (a CAS on the lease item), renew and release (fenced on the
+generation item), all in one conditional write each."""
+
+from __future__ import annotations
+
+from fencepost import reasons
+
+from ...storage import Check, Delete, Expect, Item, Put
+from ..errors import FailedPrecondition
+from .core import LedgerBase, bad, contended, lease_fenced, lease_held
+from .layout import LeaseState, SessionKeys, gen_value, parse_gen, session_not_found
+
+_ATTEMPTS = 8
+
+
+class LeaseMethods(LedgerBase):
+    async def acquire(
+        self, tenant: str, sid: str, holder: str, ttl: float | None = None, generation: int = 0
+    ) -> LeaseState:
+        """Grant (new generation) when free or expired; renew when the caller is
+        the live holder and passes its generation; else LEASE_HELD.
+
+        Steady state is one transaction: the lease item last seen by this
+        process is the CAS expectation. A stale cache costs one read and one
+        more attempt; a "held" verdict is always confirmed by a fresh read."""
+        if not holder:
+            raise bad("holder_id", "holder_id is required")
+        ttl = self.ttl(ttl)
+        sk = self.keys(tenant, sid)
+        item = self.cached_lease(sk.lease)
+        fresh = item is None
+        if item is None:
+            item = await self.read_lease(sk)
+        for _ in range(_ATTEMPTS):
+            st = LeaseState.decode(item.value)
+            now = self.clock()
+            if st.live(now) and generation and generation == st.generation and holder == st.holder:
+                return await self.renew(tenant, sid, generation, ttl, holder)
+            if st.live(now) and holder != st.holder:
+                if not fresh:
+                    item, fresh = await self.read_lease(sk), True
+                    continue
+                raise lease_held(st)
+            granted = await self.grant(sk, item, holder, ttl)
+            if granted is not None:
+                return granted
+            item, fresh = await self.read_lease(sk), True
+        raise contended("AcquireLease")
+
+    async def grant(self, sk: SessionKeys, seen: Item, holder: str, ttl: float) -> LeaseState | None:
+        """Grant a new generation iff the lease item is still `seen`: one
+        transaction; None when it changed (nothing written)."""
+        st = LeaseState.decode(seen.value)
+        new = LeaseState(holder, st.generation + 1, self.clock() + ttl, False)
+        value = new.encode()
+        res = await self.storage.transact((), [
+            Put(sk.lease, value, Expect(version=seen.version)),
+            Put(sk.gen, new.fence(), Expect(value=st.fence())),
+        ])
+        if not res.applied:
+            self.remember_lease(sk.lease, None)
+            return None
+        self.remember_lease(sk.lease, Item(sk.lease, value, res.versions[0] or ""))
+        return new
+
+    async def renew(
+        self, tenant: str, sid: str, generation: int, ttl: float | None = None, holder: str = ""
+    ) -> LeaseState:
+        """Extend while `generation` is current (held), even just after expiry.
+        One transaction conditioned on the generation only: a retry after an
+        ambiguous failure succeeds again."""
+        ttl = self.ttl(ttl)
+        sk = self.keys(tenant, sid)
+        if not holder:
+            cached = self.cached_lease(sk.lease)
+            if cached is not None:
+                st = LeaseState.decode(cached.value)
+                holder = st.holder if st.generation == generation else ""
+        new = LeaseState(holder, generation, self.clock() + ttl, False)
+        value = new.encode()
+        res = await self.storage.transact(
+            [Check(sk.gen, Expect(value=gen_value(generation, True)))], [Put(sk.lease, value)]
+        )
+        if not res.applied:
+            raise await self.fenced(sk, generation)
+        self.remember_lease(sk.lease, Item(sk.lease, value, res.versions[0] or ""))
+        return new
+
+    async def fenced(self, sk: SessionKeys, generation: int) -> Exception:
+        """The error for a failed generation check (read after the fact)."""
+        item = await self.storage.get(sk.gen)
+        if item is None:
+            return session_not_found(sk.sid)
+        current, held = parse_gen(item.value)
+        return lease_fenced(generation, current, released=not held)
+
+    async def release(self, tenant: str, sid: str, generation: int, force: bool = False) -> int:
+        """Give the lease up, keeping the generation. Returns the events left
+        pending (force only). Without force, one transaction both releases and
+        proves the inbox empty: it deletes the session's pending-index entry at
+        the version read *before* the inbox was listed (or checks it absent), so
+        a Deliver that parks after that read changes the entry and fails the
+        release (see docs/ledger.md, "Release vs Deliver")."""
+        sk = self.keys(tenant, sid)
+        for _ in range(_ATTEMPTS):
+            checks: list[Check] = []
+            writes: list[Put | Delete] = [
+                Put(sk.gen, gen_value(generation, False), Expect(value=gen_value(generation, True))),
+                Put(sk.lease, LeaseState("", generation, self.clock(), True).encode()),
+            ]
+            if not force:
+                marker = await self.storage.get(sk.pending)
+                if marker is None:
+                    checks.append(Check(sk.pending, Expect(exists=False)))
+                else:
+                    pending = await self.count_inbox(sk)
+                    if pending:
+                        raise FailedPrecondition(
+                            reasons.INBOX_NOT_EMPTY,
+                            f"{pending} event(s) are pending: commit them, then release",
+                            {"pending": pending, "session_id": sid},
+                        )
+                    writes.append(Delete(sk.pending, Expect(version=marker.version)))
+            res = await self.storage.transact(checks, writes)
+            self.remember_lease(sk.lease, None)
+            if res.applied:
+                lease_put = writes[1]
+                assert isinstance(lease_put, Put)
+                self.remember_lease(sk.lease, Item(sk.lease, lease_put.value, res.versions[1] or ""))
+                return await self.count_inbox(sk) if force else 0
+            gen_index = len(checks)  # the gen write's condition index
+            if gen_index in res.failed or not res.failed:
+                item = await self.storage.get(sk.gen)
+                if item is None:
+                    raise session_not_found(sid)
+                current, held = parse_gen(item.value)
+                if current == generation and not held:
+                    return await self.count_inbox(sk) if force else 0  # already released
+                raise lease_fenced(generation, current, released=not held)
+            # the pending entry changed under us: a delivery raced; decide again
+        raise contended("ReleaseLease")

@@ -1,0 +1,109 @@
+"""A fault-injecting backend wrapper (ledger tests, reliability suite).
+
+`FaultyStorage(inner, seed, fail=..., timeout=..., lose=...)` decides per call,
+from a seeded RNG, to
+- fail before the call: `BackendUnavailable`, nothing applied;
+- time out: the call is applied or not (a coin flip), then `PersistenceUncertain`;
+- apply but lose the response: the call is applied, then `PersistenceUncertain`.
+Reads only ever fail before the call. `armed = False` turns faults off (e.g.
+to check the final state); `injected` counts what was injected by kind.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from fencepost_server.storage import BackendUnavailable, PersistenceUncertain, Storage
+from fencepost_server.storage.base import CasResult, Check, Item, TxnResult, Write
+
+T = TypeVar("T")
+
+
+class FaultyStorage(Storage):
+    def __init__(
+        self,
+        inner: Storage,
+        seed: int,
+        *,
+        fail: float = 0.1,
+        timeout: float = 0.05,
+        lose: float = 0.05,
+        only: set[str] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.rng = random.Random(seed)
+        self.fail, self.timeout, self.lose = fail, timeout, lose
+        self.only = only
+        self.armed = True
+        self.injected: Counter[str] = Counter()
+
+    async def _read(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        if self.armed and (self.only is None or name in self.only) and self.rng.random() < self.fail:
+            self.injected["fail"] += 1
+            raise BackendUnavailable(f"injected failure before {name}")
+        return await call()
+
+    async def _write(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        if not self.armed or (self.only is not None and name not in self.only):
+            return await call()
+        roll = self.rng.random()
+        if roll < self.fail:
+            self.injected["fail"] += 1
+            raise BackendUnavailable(f"injected failure before {name}")
+        roll -= self.fail
+        if roll < self.timeout:
+            self.injected["timeout"] += 1
+            if self.rng.random() < 0.5:
+                await call()
+            raise PersistenceUncertain(f"injected timeout in {name}")
+        roll -= self.timeout
+        if roll < self.lose:
+            self.injected["lose"] += 1
+            await call()
+            raise PersistenceUncertain(f"injected lost response of {name}")
+        return await call()
+
+    async def get(self, key: str) -> Item | None:
+        return await self._read("get", lambda: self.inner.get(key))
+
+    async def get_with_version(self, key: str) -> Item | None:
+        return await self._read("get_with_version", lambda: self.inner.get_with_version(key))
+
+    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+        return await self._read("list", lambda: self.inner.list(prefix, start_after, limit))
+
+    async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
+        return await self._read("list_keys", lambda: self.inner.list_keys(prefix, start_after, limit))
+
+    async def put(self, key: str, value: bytes) -> str:
+        return await self._write("put", lambda: self.inner.put(key, value))
+
+    async def delete(self, key: str) -> bool:
+        return await self._write("delete", lambda: self.inner.delete(key))
+
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        return await self._write("put_if_absent", lambda: self.inner.put_if_absent(key, value))
+
+    async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult:
+        return await self._write("put_if_version", lambda: self.inner.put_if_version(key, value, expected))
+
+    async def delete_if_version(self, key: str, expected: str) -> CasResult:
+        return await self._write("delete_if_version", lambda: self.inner.delete_if_version(key, expected))
+
+    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+        return await self._write("transact", lambda: self.inner.transact(checks, writes))
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def unwrap(storage: Any) -> Storage:
+    while isinstance(storage, FaultyStorage):
+        storage = storage.inner
+    return storage  # type: ignore[no-any-return]
