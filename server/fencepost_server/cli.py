@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from . import cli_dynamodb
 from .config import Settings
 
 
@@ -21,6 +22,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-receive-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -35,10 +37,14 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, *, create_table: bool = False) -> int:
     from .app import App
 
     app = App(settings)
+    if create_table:
+        from .cli_dynamodb import ensure_table
+
+        await ensure_table(app.storage)
     port = await app.start()
     host = settings.listen.rsplit(":", 1)[0]
     describe = getattr(app.auth, "describe", lambda: "authentication configured")()
@@ -66,13 +72,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             uvloop.install()
         except ImportError:
             print("--uvloop given but uvloop is not installed; using asyncio", file=sys.stderr)
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, create_table=args.create_table))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fencepost", description="durable state for agent runtimes")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    cli_dynamodb.register(sub)
     return parser
 
 
