@@ -24,11 +24,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from aiohttp import ClientError as HttpClientError
 from botocore.exceptions import (
-    BotoCoreError,
     ClientError,
+    ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
+    ParamValidationError,
+    ReadTimeoutError,
 )
 
 from ..base import BackendUnavailable, PersistenceUncertain, StorageError
@@ -94,9 +98,12 @@ def classify(exc: BaseException) -> Failure:
         return Failure.FATAL  # missing table, access denied, bad credentials, ...
     if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
         return Failure.REFUSED  # the request never left
-    if isinstance(exc, (BotoCoreError, asyncio.TimeoutError, OSError)):
-        return Failure.AMBIGUOUS  # read timeout, connection closed mid-request, ...
-    return Failure.FATAL
+    if isinstance(exc, (ReadTimeoutError, ConnectionClosedError, HTTPClientError, HttpClientError,
+                        asyncio.TimeoutError, OSError)):
+        return Failure.AMBIGUOUS  # read timeout, connection lost mid-request, ...
+    if isinstance(exc, ParamValidationError):
+        return Failure.REJECTED
+    return Failure.FATAL  # no credentials, bad configuration, ...
 
 
 def describe(exc: BaseException) -> str:
