@@ -1,6 +1,7 @@
 """The local DynamoDB-compatible server (moto in server mode) for the tests.
 
-One moto process per test session, started on first use on a free loopback
+One moto process per test session (tests/moto_launcher.py: moto's server,
+executing one request at a time), started on first use on a free loopback
 port and ended when the session ends (or when the session dies: the process
 exits as soon as its stdin, a pipe from the session, closes). Each test gets
 its own table, so tests never see each other's data. If moto cannot start,
@@ -24,17 +25,6 @@ from fencepost_server.storage.dynamodb import DynamoStorage
 REGION = "us-east-1"
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 _START_SECONDS = 30.0
-
-# Runs moto's server in a child process until the parent closes our stdin.
-_LAUNCHER = """
-import os, sys, threading
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
-server.start()
-sys.stdout.write("started\\n"); sys.stdout.flush()
-sys.stdin.read()
-os._exit(0)
-"""
 
 _process: subprocess.Popen[bytes] | None = None
 _endpoint: str | None = None
@@ -79,8 +69,9 @@ def moto_endpoint() -> str:
         return _endpoint
     port = _free_port()
     _process = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCHER, str(port)],
+        [sys.executable, "-m", "tests.moto_launcher", str(port)],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
     )
     atexit.register(_stop)
     endpoint = f"http://127.0.0.1:{port}"
