@@ -140,3 +140,31 @@ async def test_largest_value_with_longest_key_fits_one_item(dynamo: DynamoStorag
     version = await dynamo.put(key, value)
     item = await dynamo.get(key)
     assert item is not None and item.value == value and item.version == version
+
+
+async def test_one_dynamodb_request_per_kv_rpc(dynamo: DynamoStorage) -> None:
+    """Through the gRPC server: each KV RPC (without a request id) costs one request."""
+    from tests.conftest import running
+
+    async with running(dynamo) as server, server.client(timeout=10.0) as client:
+        await client.put("warm", b"0")  # records the tenant's KV partition in the directory
+        sent = await count_requests(dynamo)
+
+        async def one(call: Any) -> Any:
+            before = sum(sent.values())
+            result = await call
+            assert sum(sent.values()) - before == 1, dict(sent)
+            return result
+
+        version = await one(client.put("k", b"1"))
+        assert (await one(client.get("k"))).value == b"1"  # type: ignore[union-attr]
+        assert (await one(client.get_with_version("k"))).version == version  # type: ignore[union-attr]
+        assert not (await one(client.put_if_absent("k", b"2", request_id=""))).applied
+        assert (await one(client.put_if_version("k", b"3", version, request_id=""))).applied
+        for i in range(3):
+            await client.put(f"page/{i}", b"v")
+        entries, token = await one(client.list_page("page/", page_size=2))
+        assert [e.key for e in entries] == ["page/0", "page/1"] and token
+        keys, token = await one(client.list_keys_page("page/", page_size=2, page_token=token))
+        assert keys == ["page/2"] and not token
+        assert await one(client.delete("k")) is True
