@@ -168,3 +168,15 @@ async def test_one_dynamodb_request_per_kv_rpc(dynamo: DynamoStorage) -> None:
         keys, token = await one(client.list_keys_page("page/", page_size=2, page_token=token))
         assert keys == ["page/2"] and not token
         assert await one(client.delete("k")) is True
+
+
+async def test_transaction_too_big_to_carry_its_directory_entries(dynamo: DynamoStorage) -> None:
+    """99 puts into 99 new partitions: the directory entries go out first."""
+    keys = [f"p{i:02d}/x" for i in range(99)]
+    result = await dynamo.transact([], [Put(k, b"v") for k in keys])
+    assert result.applied and len(result.versions) == 99
+    cold = DynamoStorage(dynamo.table, endpoint_url=moto_endpoint(), region=REGION)
+    try:
+        assert await cold.list_keys("p", None, 1000) == keys
+    finally:
+        await cold.close()
