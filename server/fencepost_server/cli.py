@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from . import cli_dynamodb
 from .config import Settings
 
 
@@ -33,6 +34,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --listen without authentication (never in production)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -54,10 +56,14 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, *, create_table: bool = False) -> int:
     from .app import App
 
     app = App(settings)
+    if create_table:
+        from .cli_dynamodb import ensure_table
+
+        await ensure_table(app.storage)
     port = await app.start()
     host = settings.listen.rsplit(":", 1)[0]
     describe = getattr(app.auth, "describe", lambda: "authentication configured")()
@@ -96,7 +102,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             uvloop.install()
         except ImportError:
             print("--uvloop given but uvloop is not installed; using asyncio", file=sys.stderr)
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, create_table=args.create_table))
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
@@ -132,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _hash_token_parser(sub)
+    cli_dynamodb.register(sub)
     return parser
 
 

@@ -1,0 +1,415 @@
+"""DynamoStorage: the storage contract over one DynamoDB table (aioboto3).
+
+Layout (see layout.py for the partition rules, listing.py for lists):
+
+    item       pk = "k:" + partition head   sk = rest of the key ("\\0" if empty)
+               val = value (B), ver = version (S)
+    directory  pk = "d:"                    sk = partition head
+
+Cost per call, steady state: get, put, delete and each CAS are one request
+(GetItem / PutItem / DeleteItem; a failed condition returns the current item
+through ReturnValuesOnConditionCheckFailure=ALL_OLD, a delete its old item
+through ReturnValues=ALL_OLD). `transact` is one TransactWriteItems. The
+first write that may create an item in a partition this process has not
+seen yet goes out as a TransactWriteItems that also writes the partition's
+directory entry: still one request, and the directory entry exists before
+any item of the partition can. A list page over a prefix that pins one
+partition is one Query.
+
+Versions are 128 random bits made by the writer, so an attempt can recognise
+its own write: when a retried conditional write fails and the current item
+carries the version this call generated, an earlier attempt landed and the
+call reports success (real DynamoDB also honours ClientRequestToken on
+transactions; the local test server does not, so nothing relies on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore.exceptions import ClientError
+
+from ..base import (
+    CasResult,
+    Check,
+    Delete,
+    Item,
+    Put,
+    Storage,
+    TxnResult,
+    Write,
+    validate_transaction,
+)
+from . import listing
+from .codec import (
+    Condition,
+    KeyCodec,
+    directory_put,
+    item_from,
+    key_from,
+    new_version,
+)
+from .errors import Ambiguous, RetryPolicy, error_code, with_retries
+from .layout import KeyLayout
+from .table import VALUE, VERSION, create_table
+
+MAX_TRANSACT_ITEMS = 100
+_CONDITION_FAILED = "ConditionalCheckFailed"
+
+
+class DynamoStorage(Storage):
+    scheme = "dynamodb"
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_connections: int = 64,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 5.0,
+        retry: RetryPolicy | None = None,
+        layout: KeyLayout | None = None,
+        known_partitions: int = 100_000,
+    ) -> None:
+        self.table = table
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.retry = retry or RetryPolicy()
+        self.codec = KeyCodec(layout or KeyLayout())
+        self._config = AioConfig(
+            max_pool_connections=max_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"total_max_attempts": 1},  # errors.with_retries decides
+        )
+        self._client: Any = None
+        self._client_context: Any = None
+        self._client_lock = asyncio.Lock()
+        # Partitions whose directory entry is known to exist (LRU). Losing an
+        # entry costs one extra directory write, never correctness.
+        self._known: OrderedDict[str, None] = OrderedDict()
+        self._known_limit = known_partitions
+
+    @classmethod
+    def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
+        """`dynamodb://TABLE?endpoint=URL&region=R&pool=N&connect_timeout=S&read_timeout=S&attempts=N`."""
+        known = {"endpoint", "region", "pool", "connect_timeout", "read_timeout", "attempts"}
+        unknown = set(params) - known
+        if unknown:
+            raise ValueError(f"unknown dynamodb URL parameter(s): {', '.join(sorted(unknown))}")
+        return cls(
+            table,
+            endpoint_url=params.get("endpoint") or None,
+            region=params.get("region") or None,
+            max_connections=int(params.get("pool", 64)),
+            connect_timeout=float(params.get("connect_timeout", 2.0)),
+            read_timeout=float(params.get("read_timeout", 5.0)),
+            retry=RetryPolicy(attempts=max(1, int(params.get("attempts", 5)))),
+        )
+
+    # -- plumbing ----------------------------------------------------------
+    async def client(self) -> Any:
+        """The process's one aiobotocore client (created on first use)."""
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    context = aioboto3.Session().client(
+                        "dynamodb", region_name=self.region, endpoint_url=self.endpoint_url, config=self._config
+                    )
+                    self._client = await context.__aenter__()
+                    self._client_context = context
+        return self._client
+
+    async def close(self) -> None:
+        context, self._client_context, self._client = self._client_context, None, None
+        if context is not None:
+            await context.__aexit__(None, None, None)
+
+    async def create_table(self) -> bool:
+        """Create the table if missing (PAY_PER_REQUEST, TTL enabled)."""
+        return await create_table(await self.client(), self.table)
+
+    def _needs_directory(self, partition: str) -> bool:
+        if not partition:
+            return False  # partition "" is every short prefix's home: always queried
+        if partition in self._known:
+            self._known.move_to_end(partition)
+            return False
+        return True
+
+    def _remember(self, partitions: Sequence[str]) -> None:
+        for partition in partitions:
+            self._known[partition] = None
+            self._known.move_to_end(partition)
+        while len(self._known) > self._known_limit:
+            self._known.popitem(last=False)
+
+    async def _query(self, request: dict[str, Any]) -> dict[str, Any]:
+        client = await self.client()
+        return await with_retries(
+            self.retry, lambda _: client.query(TableName=self.table, **request), what="Query", write=False
+        )
+
+    # -- KV core -----------------------------------------------------------
+    async def get(self, key: str) -> Item | None:
+        _, key_attrs = self.codec.key_attributes(key)
+        client = await self.client()
+        response = await with_retries(
+            self.retry,
+            lambda _: client.get_item(TableName=self.table, Key=key_attrs, ConsistentRead=True),
+            what="GetItem",
+            write=False,
+        )
+        attrs = response.get("Item")
+        return item_from(attrs) if attrs else None
+
+    async def put(self, key: str, value: bytes) -> str:
+        result = await self._put(key, value, None)
+        assert result.version is not None
+        return result.version
+
+    async def delete(self, key: str) -> bool:
+        _, key_attrs = self.codec.key_attributes(key)
+        client = await self.client()
+
+        async def attempt(after_ambiguous: bool) -> bool:
+            response = await client.delete_item(TableName=self.table, Key=key_attrs, ReturnValues="ALL_OLD")
+            existed = bool(response.get("Attributes"))
+            if after_ambiguous and not existed:
+                raise Ambiguous("the key is gone, but an earlier attempt may have removed it")
+            return existed
+
+        return await with_retries(self.retry, attempt, what="DeleteItem", write=True)
+
+    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+        rows = await self._list(prefix, start_after, limit, keys_only=False)
+        return [item_from(row) for row in rows]
+
+    async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
+        rows = await self._list(prefix, start_after, limit, keys_only=True)
+        return [key_from(row) for row in rows]
+
+    async def _list(self, prefix: str, start_after: str | None, limit: int, *, keys_only: bool) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+
+        def partition_rows(partition: str) -> AsyncIterator[dict[str, Any]]:
+            return listing.query_partition(self._query, partition, prefix, start_after, limit, keys_only=keys_only)
+
+        only = self.codec.layout.partition_of_prefix(prefix)
+        if only is not None:
+            rows: list[dict[str, Any]] = []
+            async for row in partition_rows(only):
+                rows.append(row)
+                if len(rows) >= limit:
+                    break
+            return rows
+        home = self.codec.layout.home_of_prefix(prefix)
+        partitions = listing.directory(self._query, prefix, max(limit, 100), skip=home)
+        return await listing.merge_walk(partition_rows(home), partitions, partition_rows, key_from, limit)
+
+    # -- CAS group -----------------------------------------------------------
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        return await self._put(key, value, Condition.of_absent())
+
+    async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult:
+        return await self._put(key, value, Condition.of_version(expected))
+
+    async def delete_if_version(self, key: str, expected: str) -> CasResult:
+        _, key_attrs = self.codec.key_attributes(key)
+        request = Condition.of_version(expected).apply({
+            "TableName": self.table, "Key": key_attrs, "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        })
+        client = await self.client()
+
+        async def attempt(after_ambiguous: bool) -> CasResult:
+            try:
+                await client.delete_item(**request)
+            except ClientError as exc:
+                if error_code(exc) != "ConditionalCheckFailedException":
+                    raise
+                if after_ambiguous:
+                    raise Ambiguous("the condition no longer holds; an earlier attempt may have applied") from exc
+                current = _failure_item(exc.response.get("Item"))
+                return CasResult(False, current.version if current else None, current)
+            return CasResult(True, None)
+
+        return await with_retries(self.retry, attempt, what="DeleteItem", write=True)
+
+    async def _put(self, key: str, value: bytes, condition: Condition | None) -> CasResult:
+        partition, key_attrs = self.codec.key_attributes(key)
+        version = new_version()
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "Item": {**key_attrs, VALUE: {"B": value}, VERSION: {"S": version}},
+        }
+        if condition is not None:
+            condition.apply(request)
+            request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        with_directory = (condition is None or condition.may_create) and self._needs_directory(partition)
+        token = uuid.uuid4().hex
+        client = await self.client()
+
+        async def attempt(after_ambiguous: bool) -> CasResult:
+            try:
+                if with_directory:
+                    await client.transact_write_items(
+                        TransactItems=[{"Put": request}, directory_put(self.table, partition)],
+                        ClientRequestToken=token,
+                    )
+                else:
+                    await client.put_item(**request)
+            except ClientError as exc:
+                failed, attrs = _condition_failure(exc, 0)
+                if not failed:
+                    raise
+                current = _failure_item(attrs)
+                if current is not None and current.version == version:
+                    return CasResult(True, version)  # an earlier attempt of this call landed
+                if after_ambiguous:
+                    raise Ambiguous("the condition no longer holds; an earlier attempt may have applied") from exc
+                return CasResult(False, current.version if current else None, current)
+            if with_directory:
+                self._remember([partition])
+            return CasResult(True, version)
+
+        return await with_retries(self.retry, attempt, what="PutItem", write=True)
+
+    # -- transactions ------------------------------------------------------
+    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+        validate_transaction(checks, writes)
+        entries: list[dict[str, Any] | None] = []  # per operation; None: a check with no condition
+        versions: list[str | None] = []
+        new_partitions: list[str] = []
+        for check in checks:
+            _, key_attrs = self.codec.key_attributes(check.key)
+            condition = Condition.of(check.expect)
+            entries.append(
+                {"ConditionCheck": condition.apply({"TableName": self.table, "Key": key_attrs})}
+                if condition.clauses else None
+            )
+        for write in writes:
+            partition, key_attrs = self.codec.key_attributes(write.key)
+            condition = Condition.of(write.expect)
+            if isinstance(write, Put):
+                version = new_version()
+                body = {"TableName": self.table, "Item": {**key_attrs, VALUE: {"B": write.value}, VERSION: {"S": version}}}
+                if condition.clauses:
+                    body["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+                entries.append({"Put": condition.apply(body)})
+                versions.append(version)
+                if condition.may_create and self._needs_directory(partition) and partition not in new_partitions:
+                    new_partitions.append(partition)
+            else:
+                assert isinstance(write, Delete)
+                entries.append({"Delete": condition.apply({"TableName": self.table, "Key": key_attrs})})
+                versions.append(None)
+        operations = [(i, e) for i, e in enumerate(entries) if e is not None]
+        if not any(e for _, e in operations if "ConditionCheck" not in e):
+            return await self._checks_only(operations, versions)
+        if len(operations) + len(new_partitions) > MAX_TRANSACT_ITEMS:
+            await self._write_directory(new_partitions)
+            new_partitions = []
+        items = [e for _, e in operations] + [directory_put(self.table, p) for p in new_partitions]
+        token = uuid.uuid4().hex
+        client = await self.client()
+
+        async def attempt(after_ambiguous: bool) -> TxnResult:
+            try:
+                await client.transact_write_items(TransactItems=items, ClientRequestToken=token)
+            except ClientError as exc:
+                reasons = exc.response.get("CancellationReasons") or []
+                failed = tuple(
+                    op_index for n, (op_index, _) in enumerate(operations)
+                    if n < len(reasons) and reasons[n].get("Code") == _CONDITION_FAILED
+                )
+                if error_code(exc) != "TransactionCanceledException" or not failed:
+                    raise
+                if _landed(reasons, operations, versions, len(checks)):
+                    return TxnResult(True, tuple(versions))
+                if after_ambiguous:
+                    raise Ambiguous("a condition no longer holds; an earlier attempt may have applied") from exc
+                return TxnResult(False, failed=failed)
+            self._remember(new_partitions)
+            return TxnResult(True, tuple(versions))
+
+        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=True)
+
+    async def _checks_only(self, operations: list[tuple[int, dict[str, Any]]], versions: list[str | None]) -> TxnResult:
+        """A transaction that writes nothing: its checks, still atomically."""
+        if not operations:
+            return TxnResult(True, tuple(versions))
+        client = await self.client()
+        items = [e for _, e in operations]
+
+        async def attempt(_: bool) -> TxnResult:
+            try:
+                await client.transact_write_items(TransactItems=items)
+            except ClientError as exc:
+                failed, _ = _condition_failure(exc, None)
+                if not failed:
+                    raise
+                reasons = exc.response.get("CancellationReasons") or []
+                return TxnResult(False, failed=tuple(
+                    i for n, (i, _) in enumerate(operations)
+                    if n < len(reasons) and reasons[n].get("Code") == _CONDITION_FAILED
+                ))
+            return TxnResult(True, tuple(versions))
+
+        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=False)
+
+    async def _write_directory(self, partitions: Sequence[str]) -> None:
+        """Directory entries ahead of a transaction too large to carry them."""
+        client = await self.client()
+        for start in range(0, len(partitions), MAX_TRANSACT_ITEMS):
+            chunk = [directory_put(self.table, p) for p in partitions[start:start + MAX_TRANSACT_ITEMS]]
+            await with_retries(
+                self.retry, lambda _: client.transact_write_items(TransactItems=chunk),
+                what="TransactWriteItems", write=True,
+            )
+        self._remember(partitions)
+
+
+def _failure_item(attrs: dict[str, Any] | None) -> Item | None:
+    return item_from(attrs) if attrs else None
+
+
+def _condition_failure(exc: ClientError, index: int | None) -> tuple[bool, dict[str, Any] | None]:
+    """Whether `exc` is a failed condition (of transaction entry `index`, or of
+    any entry when None), and the current item DynamoDB returned with it."""
+    code = error_code(exc)
+    if code == "ConditionalCheckFailedException":
+        return True, exc.response.get("Item")
+    if code == "TransactionCanceledException":
+        reasons = exc.response.get("CancellationReasons") or []
+        if index is None:
+            return any(r.get("Code") == _CONDITION_FAILED for r in reasons), None
+        if index < len(reasons) and reasons[index].get("Code") == _CONDITION_FAILED:
+            return True, reasons[index].get("Item")
+    return False, None
+
+
+def _landed(
+    reasons: list[dict[str, Any]],
+    operations: list[tuple[int, dict[str, Any]]],
+    versions: list[str | None],
+    check_count: int,
+) -> bool:
+    """A conditional put of this transaction already holds this call's version:
+    an earlier attempt of the same call was applied."""
+    for n, (op_index, _) in enumerate(operations):
+        if op_index < check_count or n >= len(reasons):
+            continue
+        mine = versions[op_index - check_count]
+        current = reasons[n].get("Item")
+        if mine is not None and current and current.get(VERSION, {}).get("S") == mine:
+            return True
+    return False

@@ -1,0 +1,182 @@
+"""DynamoDB-specific behaviour against the local server: request counts,
+lists that walk several partitions, a cold partition cache, item size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fencepost_server.storage import Check, Expect, Put
+from fencepost_server.storage.dynamodb import DynamoStorage
+from fencepost_server.storage.memory import MemoryStorage
+from tests.dynamo_support import REGION, moto_endpoint, new_dynamo_storage
+
+pytestmark = pytest.mark.backend("dynamodb")
+
+
+@pytest.fixture
+async def dynamo() -> AsyncIterator[DynamoStorage]:
+    storage = await new_dynamo_storage()
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+async def count_requests(storage: DynamoStorage) -> Counter[str]:
+    """Count every HTTP request the storage's client sends, by operation."""
+    sent: Counter[str] = Counter()
+
+    def before_send(**kwargs: Any) -> None:
+        sent[kwargs["event_name"].rsplit(".", 1)[-1]] += 1
+
+    (await storage.client()).meta.events.register("before-send.dynamodb", before_send)
+    return sent
+
+
+async def test_one_request_per_kv_and_cas_call(dynamo: DynamoStorage) -> None:
+    sent = await count_requests(dynamo)
+    expected: Counter[str] = Counter()
+
+    async def step(op: str, call: Any) -> Any:
+        before = sum(sent.values())
+        result = await call
+        assert sum(sent.values()) - before == 1, f"{op} sent {sum(sent.values()) - before} requests"
+        expected[op] += 1
+        return result
+
+    # The first write into a partition also records it in the directory: same request.
+    v1 = await step("put (new partition)", dynamo.put("t/kv/a", b"1"))
+    assert sent["TransactWriteItems"] == 1
+    v2 = await step("put", dynamo.put("t/kv/a", b"2"))
+    assert (await step("get", dynamo.get("t/kv/a"))).version == v2  # type: ignore[union-attr]
+    assert await step("get miss", dynamo.get("t/kv/missing")) is None
+    assert (await step("put_if_absent", dynamo.put_if_absent("t/kv/b", b"x"))).applied
+    lost = await step("put_if_absent lost", dynamo.put_if_absent("t/kv/b", b"y"))
+    assert not lost.applied and lost.current is not None and lost.current.value == b"x"
+    ok = await step("put_if_version", dynamo.put_if_version("t/kv/a", b"3", v2))
+    stale = await step("put_if_version stale", dynamo.put_if_version("t/kv/a", b"4", v1))
+    assert ok.applied and not stale.applied and stale.version == ok.version
+    assert (await step("delete_if_version", dynamo.delete_if_version("t/kv/a", ok.version or ""))).applied
+    assert await step("delete", dynamo.delete("t/kv/b")) is True
+    assert await step("delete miss", dynamo.delete("t/kv/b")) is False
+    for i in range(5):
+        await dynamo.put(f"t/kv/p/{i}", b"v")
+    page = await step("list page", dynamo.list("t/kv/p/", None, 3))
+    assert [i.key for i in page] == ["t/kv/p/0", "t/kv/p/1", "t/kv/p/2"]
+    page = await step("list_keys page", dynamo.list_keys("t/kv/p/", "t/kv/p/2", 3))
+    assert page == ["t/kv/p/3", "t/kv/p/4"]
+    assert "Scan" not in sent
+
+
+async def test_transaction_is_one_request_and_reports_failed_checks(dynamo: DynamoStorage) -> None:
+    v = await dynamo.put("t/kv/guard", b"g")
+    sent = await count_requests(dynamo)
+    res = await dynamo.transact(
+        [Check("t/kv/guard", Expect(version=v)), Check("t/kv/none", Expect(exists=False))],
+        [Put("t/kv/x", b"1"), Put("t/kv/y", b"2", Expect(exists=True))],
+    )
+    assert not res.applied and res.failed == (3,)
+    assert sum(sent.values()) == 1
+    assert await dynamo.get("t/kv/x") is None
+
+
+# Keys across many partitions and patterns, including keys that end at a
+# partition head and keys shorter than any partition part.
+WALK_KEYS = [
+    "a", "a/", "a/b", "a/b/c", "ab", "b", "t/kv/x", "t/kv/y/z", "t/kw", "t/sys/ledger/1",
+    "t/sys/agentkit/v1/bot/j/1", "t/sys/agentkit/v1/bot/j/2", "t/sys/agentkit/v1/cat/m",
+    "t/sys/x", "u/kv/é", "u/kv/😀", "#/req/0001/t/h1", "#/req/0001/u/h2", "#/req/0002/t/h3",
+    "#/pending/03/s1", "#/x",
+]
+
+
+async def test_walks_over_short_prefixes_match_the_reference(dynamo: DynamoStorage) -> None:
+    reference = MemoryStorage()
+    for key in WALK_KEYS:
+        await dynamo.put(key, key.encode())
+        await reference.put(key, key.encode())
+    prefixes = sorted({k[:n] for k in WALK_KEYS for n in (0, 1, 2, 4, 6, 8, 12) if n <= len(k)})
+    for prefix in prefixes:
+        want = await reference.list_keys(prefix, None, 1000)
+        assert await dynamo.list_keys(prefix, None, 1000) == want, prefix
+        # paged by 2, resuming after each page's last key
+        got: list[str] = []
+        after: str | None = None
+        while True:
+            page = await dynamo.list(prefix, after, 2)
+            got.extend(i.key for i in page)
+            if len(page) < 2:
+                break
+            after = page[-1].key
+        assert got == want, prefix
+
+
+async def test_a_cold_process_sees_every_partition(dynamo: DynamoStorage) -> None:
+    """Another replica (empty partition cache) writes and lists the same table."""
+    other = DynamoStorage(dynamo.table, endpoint_url=moto_endpoint(), region=REGION)
+    try:
+        await dynamo.put("t/sys/agentkit/v1/bot/k", b"1")
+        await other.put("t/sys/agentkit/v1/bot/k2", b"2")  # re-records the partition: harmless
+        v = await other.put("t/sys/agentkit/v1/dog/k", b"3")
+        assert (await dynamo.put_if_version("t/sys/agentkit/v1/dog/k", b"4", v)).applied
+        third = DynamoStorage(dynamo.table, endpoint_url=moto_endpoint(), region=REGION)
+        try:
+            assert await third.list_keys("t/") == [
+                "t/sys/agentkit/v1/bot/k", "t/sys/agentkit/v1/bot/k2", "t/sys/agentkit/v1/dog/k",
+            ]
+        finally:
+            await third.close()
+    finally:
+        await other.close()
+
+
+async def test_largest_value_with_longest_key_fits_one_item(dynamo: DynamoStorage) -> None:
+    key = "tenant/kv/" + "k" * 1024  # the domain's key limit applies to the caller's part
+    value = bytes(range(256)) * 1024  # 256 KiB, the domain's value limit
+    version = await dynamo.put(key, value)
+    item = await dynamo.get(key)
+    assert item is not None and item.value == value and item.version == version
+
+
+async def test_one_dynamodb_request_per_kv_rpc(dynamo: DynamoStorage) -> None:
+    """Through the gRPC server: each KV RPC (without a request id) costs one request."""
+    from tests.conftest import running
+
+    async with running(dynamo) as server, server.client(timeout=10.0) as client:
+        await client.put("warm", b"0")  # records the tenant's KV partition in the directory
+        sent = await count_requests(dynamo)
+
+        async def one(call: Any) -> Any:
+            before = sum(sent.values())
+            result = await call
+            assert sum(sent.values()) - before == 1, dict(sent)
+            return result
+
+        version = await one(client.put("k", b"1"))
+        assert (await one(client.get("k"))).value == b"1"  # type: ignore[union-attr]
+        assert (await one(client.get_with_version("k"))).version == version  # type: ignore[union-attr]
+        assert not (await one(client.put_if_absent("k", b"2", request_id=""))).applied
+        assert (await one(client.put_if_version("k", b"3", version, request_id=""))).applied
+        for i in range(3):
+            await client.put(f"page/{i}", b"v")
+        entries, token = await one(client.list_page("page/", page_size=2))
+        assert [e.key for e in entries] == ["page/0", "page/1"] and token
+        keys, token = await one(client.list_keys_page("page/", page_size=2, page_token=token))
+        assert keys == ["page/2"] and not token
+        assert await one(client.delete("k")) is True
+
+
+async def test_transaction_too_big_to_carry_its_directory_entries(dynamo: DynamoStorage) -> None:
+    """99 puts into 99 new partitions: the directory entries go out first."""
+    keys = [f"p{i:02d}/x" for i in range(99)]
+    result = await dynamo.transact([], [Put(k, b"v") for k in keys])
+    assert result.applied and len(result.versions) == 99
+    cold = DynamoStorage(dynamo.table, endpoint_url=moto_endpoint(), region=REGION)
+    try:
+        assert await cold.list_keys("p", None, 1000) == keys
+    finally:
+        await cold.close()
