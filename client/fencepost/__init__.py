@@ -6,7 +6,8 @@
         print(fp.get("greeting").value)
 """
 
-from . import errors, reasons
+from . import errors, journal, reasons
+from ._journal import ArchiveEntry, JournalContent
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
 from .client import AsyncClient, Client
@@ -17,4 +18,5 @@ __all__ = [
     "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
     "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
     "author_kv", "encode_segment", "errors", "reasons",
+    "journal", "JournalContent", "ArchiveEntry",
 ]

@@ -17,13 +17,14 @@ from typing import Any
 import grpc
 
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
+from ._journal import JournalMethods
 from ._kv import KvMethods
-from .v1 import kv_pb2_grpc
+from .v1 import journal_pb2_grpc, kv_pb2_grpc, store_api_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods):
+class AsyncClient(KvMethods, JournalMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -54,6 +55,8 @@ class AsyncClient(KvMethods):
         self._channel = channel
         self._caller = Caller(timeout, md, retry)
         self._kv = kv_pb2_grpc.KvServiceStub(channel)
+        self._journal = journal_pb2_grpc.JournalServiceStub(channel)
+        self._store_api = store_api_pb2_grpc.StoreApiServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -19,12 +19,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencepost.v1 import kv_pb2, kv_pb2_grpc
+from fencepost.v1 import journal_pb2, journal_pb2_grpc, kv_pb2, kv_pb2_grpc, store_api_pb2, store_api_pb2_grpc
 
 from .api.base import Authenticator, NullObserver, RpcObserver
+from .api.journal import JournalServicer, StoreApiServicer
 from .api.kv import KvServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
+from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.requests import RequestLog
 from .storage import Storage, open_backend
@@ -53,9 +55,39 @@ def _kv(ctx: AppContext, server: grpc.aio.Server) -> str:
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
+def _journal_of(ctx: AppContext) -> Journal:
+    """The one Journal both journal lanes share (built once per AppContext,
+    with one background flusher)."""
+    journal: Journal | None = getattr(ctx, "_journal_domain", None)
+    if journal is None:
+        s = ctx.settings
+        config = JournalConfig(
+            flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
+            max_journal_bytes=s.max_journal_bytes,
+        )
+        journal = Journal(ctx.storage, s.limits, config)
+        ctx._journal_domain = journal  # type: ignore[attr-defined]
+        ctx.background.append(journal.run_flusher)
+    return journal
+
+
+def _journal(ctx: AppContext, server: grpc.aio.Server) -> str:
+    servicer = JournalServicer(_journal_of(ctx), ctx.auth, ctx.observer)
+    journal_pb2_grpc.add_JournalServiceServicer_to_server(servicer, server)
+    return journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
+
+
+def _store_api(ctx: AppContext, server: grpc.aio.Server) -> str:
+    servicer = StoreApiServicer(_journal_of(ctx), ctx.auth, ctx.observer)
+    store_api_pb2_grpc.add_StoreApiServiceServicer_to_server(servicer, server)
+    return store_api_pb2.DESCRIPTOR.services_by_name["StoreApiService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
+    _journal,
+    _store_api,
 ]
 
 

@@ -21,6 +21,11 @@ class Settings:
     health_probe_seconds: float = 5.0
     request_sweep_seconds: float = 600.0
     uvloop: bool = False
+    # journal (spec/journal.md): flush the tail when older / larger than these,
+    # rotate the live journal at max_journal_bytes
+    journal_flush_seconds: float = 30.0
+    journal_flush_bytes: int = 64 * 1024
+    max_journal_bytes: int = 5 * 1024 * 1024
 
     def backend_url(self) -> str:
         if self.backend:
