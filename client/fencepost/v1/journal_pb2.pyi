@@ -258,8 +258,8 @@ class Archive(_message.Message):
     RECORD_COUNT_FIELD_NUMBER: _builtins.int
     ROTATE_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """The archive's name: its rotation time (UTC) and generation, e.g.
-    `20250101T120000.123Z-000001`. Names sort in rotation order.
+    """The archive's name: its generation and rotation time (UTC), e.g.
+    `000001-20250101T120000.123Z`. Names sort in rotation order.
     """
     size_bytes: _builtins.int
     """The archived journal's length in bytes."""

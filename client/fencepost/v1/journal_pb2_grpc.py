@@ -40,7 +40,7 @@ class JournalServiceStub:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-    (1..256 characters, no `/` or `\`, not `.` or `..`). Fix the name.
+    (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -92,7 +92,7 @@ class JournalServiceServicer:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-    (1..256 characters, no `/` or `\`, not `.` or `..`). Fix the name.
+    (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -191,7 +191,7 @@ class JournalService:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-    (1..256 characters, no `/` or `\`, not `.` or `..`). Fix the name.
+    (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend

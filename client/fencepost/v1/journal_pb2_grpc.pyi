@@ -41,7 +41,7 @@ class JournalServiceStub:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-      (1..256 characters, no `/` or `\\`, not `.` or `..`). Fix the name.
+      (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -99,7 +99,7 @@ class JournalServiceAsyncStub(JournalServiceStub):
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-      (1..256 characters, no `/` or `\\`, not `.` or `..`). Fix the name.
+      (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -153,7 +153,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
-      (1..256 characters, no `/` or `\\`, not `.` or `..`). Fix the name.
+      (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend

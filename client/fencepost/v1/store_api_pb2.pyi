@@ -74,7 +74,7 @@ class MemoryAppendPayload(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     RECORD_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent: one key segment (1..256 characters, no `/` or `\\`, not `.` or `..`)."""
+    """The agent: one key segment (1..256 characters, no slash or backslash, not `.` or `..`)."""
     @_builtins.property
     def record(self) -> _journal_pb2.TurnRecord:
         """The record (at most 16 KiB of compact JSON)."""

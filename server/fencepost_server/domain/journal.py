@@ -166,8 +166,10 @@ def _head_state(item: Item | None) -> dict[str, int]:
 
 
 def archive_name(rotated_ms: int, gen: int) -> str:
+    """`{generation}-{rotation time, UTC}`: sorts in rotation order even when
+    replicas' clocks disagree, and names when it happened."""
     stamp = datetime.fromtimestamp(rotated_ms / 1000, timezone.utc)
-    return f"{stamp:%Y%m%dT%H%M%S}.{rotated_ms % 1000:03d}Z-{gen:06d}"
+    return f"{gen:06d}-{stamp:%Y%m%dT%H%M%S}.{rotated_ms % 1000:03d}Z"
 
 
 class _Keys:
