@@ -214,3 +214,39 @@ async def test_sync_client_appends_and_reads(server: RunningServer) -> None:
 
     rid, got = await asyncio.to_thread(use)  # the server runs on this test's event loop
     assert rid and got is not None and got.records() == [record(3, tag="s")]
+
+
+async def _eventually(check: Any) -> bool:
+    """Poll (up to 20 s, no timing assertion) until `check()` is true."""
+    for _ in range(400):
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"journal_flush_seconds": 0.05}, id="age"),
+        pytest.param({"journal_flush_seconds": 3600.0, "journal_flush_bytes": 500}, id="size"),
+    ],
+)
+async def test_background_flusher_folds_the_tail(storage: Storage, settings: dict[str, Any]) -> None:
+    from fencepost_server.domain.journal import _Keys
+
+    keys = _Keys("default", "bg")
+    async with running(storage, **settings) as srv:
+        async with srv.client(timeout=10.0) as client:
+            for i in range(10):
+                await client.append_turn("bg", record(i, tag=f"t{i}"))
+
+            async def flushed() -> bool:
+                # age: the whole tail is folded; size: at least one segment was written
+                if settings["journal_flush_seconds"] < 1:
+                    return not await storage.list(keys.tail, None, 1)
+                return bool(await storage.list(keys.segments(1), None, 1))
+
+            assert await _eventually(flushed)
+            got = await client.read_journal("bg")
+            assert got is not None and [r["tag"] for r in got.records()] == [f"t{i}" for i in range(10)]
