@@ -26,10 +26,14 @@ def record_of_size(size: int) -> dict[str, Any]:
 
 
 async def snapshot(storage: Storage) -> list[tuple[str, bytes]]:
-    out, after = [], None
-    while page := await storage.list("", after, 1000):
-        out.extend((i.key, i.value) for i in page)
-        after = page[-1].key
+    """Everything the server could have written: the tenant's keys and the
+    server-global ones (listed by prefix: a DynamoDB list must be a Query)."""
+    out: list[tuple[str, bytes]] = []
+    for prefix in ("default/", "#/"):
+        after = None
+        while page := await storage.list(prefix, after, 1000):
+            out.extend((i.key, i.value) for i in page)
+            after = page[-1].key
     return out
 
 
