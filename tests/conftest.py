@@ -59,6 +59,24 @@ def backend_name(storage: Storage) -> str:
     return type(storage).__name__
 
 
+# The local DynamoDB-compatible server serves a few hundred requests a second,
+# one at a time; load-shaped tests run a smaller count there (the same count
+# everywhere else). The reliability suite runs the long versions.
+SLOW_BACKENDS = {"dynamodb"}
+
+
+@pytest.fixture
+def scaled(request: pytest.FixtureRequest) -> Callable[[int, int], int]:
+    """`scaled(full, on_slow_backend)`: the count for this test's backend."""
+    callspec = getattr(request.node, "callspec", None)
+    name = callspec.params.get("storage") if callspec else None
+
+    def pick(full: int, slow: int) -> int:
+        return slow if name in SLOW_BACKENDS else full
+
+    return pick
+
+
 class RunningServer:
     def __init__(self, app: App) -> None:
         self.app = app

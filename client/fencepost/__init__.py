@@ -6,7 +6,8 @@
         print(fp.get("greeting").value)
 """
 
-from . import errors, reasons
+from . import errors, journal, reasons
+from ._journal import ArchiveEntry, JournalContent
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
@@ -21,4 +22,5 @@ __all__ = [
     "EvalRun", "AbSample", "AbSnapshot",
     "author_kv", "encode_segment", "errors", "reasons",
     "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
+    "journal", "JournalContent", "ArchiveEntry",
 ]

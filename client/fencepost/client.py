@@ -18,15 +18,16 @@ import grpc
 
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
 from ._evals import EvalMethods
+from ._journal import JournalMethods
 from ._kv import KvMethods
 from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
-from .v1 import evals_pb2_grpc, kv_pb2_grpc, ledger_pb2_grpc, memory_pb2_grpc
+from .v1 import evals_pb2_grpc, journal_pb2_grpc, kv_pb2_grpc, ledger_pb2_grpc, memory_pb2_grpc, store_api_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods):
+class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -60,6 +61,8 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods):
         self._evals = evals_pb2_grpc.EvalServiceStub(channel)
         self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
         self._ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
+        self._journal = journal_pb2_grpc.JournalServiceStub(channel)
+        self._store_api = store_api_pb2_grpc.StoreApiServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -22,22 +22,28 @@ from grpc_reflection.v1alpha import reflection
 from fencepost.v1 import (
     evals_pb2,
     evals_pb2_grpc,
+    journal_pb2,
+    journal_pb2_grpc,
     kv_pb2,
     kv_pb2_grpc,
     ledger_pb2,
     ledger_pb2_grpc,
     memory_pb2,
     memory_pb2_grpc,
+    store_api_pb2,
+    store_api_pb2_grpc,
 )
 
 from .api.base import Authenticator, RpcObserver
 from .api.evals import EvalServicer
+from .api.journal import JournalServicer, StoreApiServicer
 from .api.kv import KvServicer
 from .api.ledger import LedgerServicer
 from .api.memory import MemoryServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.evals import EvalStore
+from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
@@ -62,6 +68,8 @@ class AppContext:
     #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
     events: Callable[..., None]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
+    shared: dict[str, Any] = field(default_factory=dict)
 
 
 ServiceBuilder = Callable[[AppContext, grpc.aio.Server], str]
@@ -95,12 +103,42 @@ def _ledger(ctx: AppContext, server: grpc.aio.Server) -> str:
     return ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 
 
+def _journal_of(ctx: AppContext) -> Journal:
+    """The one Journal both journal lanes share (built once per AppContext,
+    with one background flusher)."""
+    journal: Journal | None = ctx.shared.get("journal")
+    if journal is None:
+        s = ctx.settings
+        config = JournalConfig(
+            flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
+            max_journal_bytes=s.max_journal_bytes,
+        )
+        journal = Journal(ctx.storage, s.limits, config)
+        ctx.shared["journal"] = journal
+        ctx.background.append(journal.run_flusher)
+    return journal
+
+
+def _journal(ctx: AppContext, server: grpc.aio.Server) -> str:
+    servicer = JournalServicer(_journal_of(ctx), ctx.auth, ctx.observer)
+    journal_pb2_grpc.add_JournalServiceServicer_to_server(servicer, server)
+    return journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
+
+
+def _store_api(ctx: AppContext, server: grpc.aio.Server) -> str:
+    servicer = StoreApiServicer(_journal_of(ctx), ctx.auth, ctx.observer)
+    store_api_pb2_grpc.add_StoreApiServiceServicer_to_server(servicer, server)
+    return store_api_pb2.DESCRIPTOR.services_by_name["StoreApiService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
     _evals,
     _memory,
     _ledger,
+    _journal,
+    _store_api,
 ]
 
 

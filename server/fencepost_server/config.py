@@ -36,6 +36,11 @@ class Settings:
     ledger_janitor_seconds: float = 5.0
     ledger_orphan_grace_seconds: float = 10.0
     ledger_watch_poll_seconds: float = 1.0
+    # journal (spec/journal.md): flush the tail when older / larger than these,
+    # rotate the live journal at max_journal_bytes
+    journal_flush_seconds: float = 30.0
+    journal_flush_bytes: int = 64 * 1024
+    max_journal_bytes: int = 5 * 1024 * 1024
 
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(

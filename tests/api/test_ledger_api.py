@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from fencepost_server.storage.sqlite import SqliteStorage
 from tests.conftest import RunningServer, running
 
 
-async def test_two_holders_racing_never_commit_one_seq_twice(client: fencepost.AsyncClient) -> None:
+async def test_two_holders_racing_never_commit_one_seq_twice(
+    client: fencepost.AsyncClient, scaled: Callable[[int, int], int]
+) -> None:
     sid = (await client.open_session("agent", "race")).session_id
     landed: dict[int, str] = {}
     losses = {"LEASE_HELD": 0, "LEASE_FENCED": 0, "SEQUENCE_MISMATCH": 0}
@@ -31,7 +34,8 @@ async def test_two_holders_racing_never_commit_one_seq_twice(client: fencepost.A
             except (errors.LeaseHeld, errors.LeaseFenced, errors.SequenceMismatch) as exc:
                 losses[exc.reason] += 1
 
-    await asyncio.gather(holder("A", 200), holder("B", 200))
+    rounds = scaled(200, 50)
+    await asyncio.gather(holder("A", rounds), holder("B", rounds))
     records = [r async for r in client.read_log(sid)]
     assert [r.seq for r in records] == list(range(1, len(records) + 1))
     assert {r.seq: r.data.decode().split("-")[0] for r in records} == landed
@@ -80,11 +84,14 @@ async def test_dedupe_through_the_server(client: fencepost.AsyncClient) -> None:
     assert [e async for e in client.list_inbox(a.session_id)] == []
 
 
-async def test_deliver_racing_release_never_orphans(client: fencepost.AsyncClient) -> None:
+async def test_deliver_racing_release_never_orphans(
+    client: fencepost.AsyncClient, scaled: Callable[[int, int], int]
+) -> None:
     sid = (await client.open_session("agent", "release-race")).session_id
     outcomes = {"granted": 0, "refused": 0, "released_first": 0}
     seq = 0
-    for i in range(200):
+    rounds = scaled(200, 50)
+    for i in range(rounds):
         lease = await client.acquire_lease(sid, "holder", ttl=30)
 
         async def release() -> str:
@@ -112,7 +119,7 @@ async def test_deliver_racing_release_never_orphans(client: fencepost.AsyncClien
         seq = out.seq
         assert out.pending == 0
         await client.release_lease(sid, owner_gen)
-    assert outcomes["granted"] + outcomes["refused"] == 200
+    assert outcomes["granted"] + outcomes["refused"] == rounds
 
 
 async def test_watch_inbox_pushes_backlog_then_new_events(client: fencepost.AsyncClient) -> None:
@@ -233,18 +240,21 @@ async def test_acked_deliveries_survive_a_restart(tmp_path: Path) -> None:
         assert [r.data async for r in c.read_log(sid)] == [b"took-0", b"took-1"]
 
 
-async def test_read_log_streams_pages(client: fencepost.AsyncClient, server: RunningServer) -> None:
+async def test_read_log_streams_pages(
+    client: fencepost.AsyncClient, server: RunningServer, scaled: Callable[[int, int], int]
+) -> None:
     sid = (await client.open_session("agent", "big")).session_id
     lease = await client.acquire_lease(sid, "A", ttl=60)
     seq = 0
-    for _ in range(20):
+    for _ in range(scaled(20, 6)):
         seq = (await client.commit(sid, lease.generation, seq, [b"r%d" % (seq + i + 1) for i in range(64)])).seq
     pages = 0
     from fencepost.v1 import ledger_pb2
 
     stub = client._ledger
-    async for page in stub.ReadLog(ledger_pb2.ReadLogRequest(session_id=sid, from_seq=100, limit=1000)):
+    limit = min(1000, seq - 99)
+    async for page in stub.ReadLog(ledger_pb2.ReadLogRequest(session_id=sid, from_seq=100, limit=limit)):
         pages += 1
         assert len(page.records) <= 256
-    assert pages == 4  # 1000 records in pages of at most 256
-    assert len([r async for r in client.read_log(sid, from_seq=1200)]) == seq - 1199
+    assert pages == -(-limit // 256)  # `limit` records in pages of at most 256
+    assert len([r async for r in client.read_log(sid, from_seq=seq - 80)]) == 81

@@ -146,7 +146,7 @@ async def test_one_dynamodb_request_per_kv_rpc(dynamo: DynamoStorage) -> None:
     """Through the gRPC server: each KV RPC (without a request id) costs one request."""
     from tests.conftest import running
 
-    async with running(dynamo) as server, server.client(timeout=10.0) as client:
+    async with running(dynamo, ledger_janitor=False) as server, server.client(timeout=10.0) as client:
         await client.put("warm", b"0")  # records the tenant's KV partition in the directory
         sent = await count_requests(dynamo)
 

@@ -36,6 +36,7 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
 
 from ..base import (
+    BackendUnavailable,
     CasResult,
     Check,
     Delete,
@@ -93,6 +94,7 @@ class DynamoStorage(Storage):
         self._client: Any = None
         self._client_context: Any = None
         self._client_lock = asyncio.Lock()
+        self._closed = False
         # Partitions whose directory entry is known to exist (LRU). Losing an
         # entry costs one extra directory write, never correctness.
         self._known: OrderedDict[str, None] = OrderedDict()
@@ -118,6 +120,8 @@ class DynamoStorage(Storage):
     # -- plumbing ----------------------------------------------------------
     async def client(self) -> Any:
         """The process's one aiobotocore client (created on first use)."""
+        if self._closed:
+            raise BackendUnavailable(f"dynamodb backend for table {self.table} is closed")
         if self._client is None:
             async with self._client_lock:
                 if self._client is None:
@@ -129,6 +133,7 @@ class DynamoStorage(Storage):
         return self._client
 
     async def close(self) -> None:
+        self._closed = True
         context, self._client_context, self._client = self._client_context, None, None
         if context is not None:
             await context.__aexit__(None, None, None)
