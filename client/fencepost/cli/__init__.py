@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 from . import journal, kv, ledger, memory
-from ._common import DEFAULT_ENDPOINT, ENV_ENDPOINT, ENV_TOKEN, Exit, common_parser, exit_code_for, run
+from ._common import DEFAULT_ENDPOINT, ENV_ENDPOINT, ENV_TOKEN, Exit, LeafParser, common_parser, exit_code_for, run
 
 __all__ = ["Exit", "register", "build_parser", "main", "amain", "exit_code_for",
            "DEFAULT_ENDPOINT", "ENV_ENDPOINT", "ENV_TOKEN"]
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the client subcommands (kv, ledger, journal, memory) to a parser's subcommands."""
     parents = [common_parser()]
     for module in (kv, ledger, journal, memory):
-        module.register(sub, parents, argparse.ArgumentParser)
+        module.register(sub, parents, LeafParser)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

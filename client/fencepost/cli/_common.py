@@ -213,6 +213,23 @@ def read_input(value: str | None, file: Path | None, stdin: IO[bytes] | None = N
     return value.encode("utf-8")
 
 
+class LeafParser(argparse.ArgumentParser):
+    """A subcommand's parser that takes options and positionals in any order
+    (`deliver AGENT --key K PAYLOAD`), which plain argparse does not when a
+    positional is optional."""
+
+    _inner = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._inner:
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 # -- the flags every client subcommand takes -----------------------------------
 def common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
