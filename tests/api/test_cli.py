@@ -298,3 +298,38 @@ async def test_token_from_the_environment_is_sent(srv: RunningServer) -> None:
     assert rc == 0 and out.getvalue().strip()
     async with fencepost.AsyncClient(srv.target) as fp:
         assert (await fp.get("t")) is not None
+
+
+async def test_tls_flags_token_and_denied_exit_7(tmp_path: Path) -> None:
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+    from tests.api.security_support import make_pki, write_tokens
+
+    pki = make_pki()
+    files = {"ca.pem": pki.ca_pem, "server.pem": pki.server_cert, "server.key": pki.server_key}
+    cert, key = pki.client(None)
+    files |= {"client.pem": cert, "client.key": key}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    app = App(Settings(listen="127.0.0.1:0", tls_cert=tmp_path / "server.pem", tls_key=tmp_path / "server.key",
+                       tls_client_ca=tmp_path / "ca.pem", tokens_file=write_tokens(tmp_path / "tokens.json")),
+              storage=MemoryStorage())
+    await app.start()
+    try:
+        target = f"127.0.0.1:{app.port}"
+        tls = ["--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "client.pem"),
+               "--tls-key", str(tmp_path / "client.key"), "--tls-server-name", "localhost", "--timeout", "5"]
+        ok = await cli(target, "kv", "put", "k", "v", *tls, "--token", "token-tenant-a", "--json")
+        assert ok.rc == 0 and ok.json()["version"]
+        out = io.StringIO()
+        rc = await amain(["kv", "get", "k", *tls], stdout=out, stderr=io.StringIO(),
+                         env={"FENCEPOST_ENDPOINT": target, "FENCEPOST_TOKEN": "token-tenant-a"})
+        assert rc == 0 and out.getvalue() == "v\n"
+        denied = await cli(target, "kv", "get", "k", *tls, "--token", "wrong", "--json")
+        assert denied.rc == Exit.DENIED == 7
+        assert json.loads(denied.err)["error"]["code"] == "UNAUTHENTICATED"
+        plaintext = await cli(target, "kv", "get", "k", "--token", "token-tenant-a", "--timeout", "3")
+        assert plaintext.rc == Exit.UNAVAILABLE
+    finally:
+        await app.stop(grace=0.2)
