@@ -333,3 +333,13 @@ async def test_tls_flags_token_and_denied_exit_7(tmp_path: Path) -> None:
         assert plaintext.rc == Exit.UNAVAILABLE
     finally:
         await app.stop(grace=0.2)
+
+
+def test_the_client_cli_imports_no_server_code() -> None:
+    import subprocess
+
+    code = ("import sys, fencepost.cli, fencepost.mirror, fencepost.worker; "
+            "bad = sorted(m for m in sys.modules if m.startswith('fencepost_server')); "
+            "assert not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
