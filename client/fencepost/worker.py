@@ -14,7 +14,10 @@ ones. The lease is renewed in the background (the `Session` helper). When
 nothing arrives for `idle` seconds (or `stop()` was called) it releases the
 lease; a release refused with INBOX_NOT_EMPTY (an event parked after the last
 look) sends it back to draining. LeaseFenced anywhere — renew, watch, commit —
-stops it without committing anything more: `result.fenced` is true.
+stops it without committing anything more: `result.fenced` is true. Any
+other error (the turn raised, the server stayed unavailable past the SDK's
+retries) propagates after renewal stops: the lease expires and the janitor
+hands the session on.
 
 When the lease is held by someone else, `deliver` returns at once
 (`served = False`): the holder drains the event. `claim_orphans()` is the
