@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencepost_server.domain.schedule import Create, Delete, Dispatch, RecordError, decode, encode, fold
 from fencepost_server.domain.schedule.records import MAX_AFTER_SECONDS, Fold
-
-import pytest
 
 FAST = settings(max_examples=60, deadline=None)
 
