@@ -16,6 +16,8 @@ from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, Sessi
 from .client import AsyncClient, Client
 from .errors import FencepostError
 from .keys import author_kv, encode_segment
+from .mirror import JournalMirror
+from .worker import SessionWorker, WorkerResult
 
 __all__ = [
     "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
@@ -24,5 +26,6 @@ __all__ = [
     "author_kv", "encode_segment", "errors", "reasons",
     "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
     "journal", "JournalContent", "ArchiveEntry",
+    "JournalMirror", "SessionWorker", "WorkerResult",
     "Reminder", "ReminderPage", "RejectedRecord",
 ]

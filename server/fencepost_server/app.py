@@ -73,6 +73,8 @@ class AppContext:
     #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
     events: Callable[..., None]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: called when shutdown begins, before in-flight RPCs are drained (end long-polls)
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
     shared: dict[str, Any] = field(default_factory=dict)
 
@@ -105,8 +107,9 @@ def _ledger_of(ctx: AppContext) -> Ledger:
     AppContext, with one janitor)."""
     ledger: Ledger | None = ctx.shared.get("ledger")
     if ledger is None:
-        ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config())
+        ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events)
         ctx.shared["ledger"] = ledger
+        ctx.on_drain.append(ledger.janitor.drain)
         if ctx.settings.ledger_janitor:
             ctx.background.append(ledger.janitor.run)
     return ledger
@@ -192,6 +195,7 @@ class App:
         self.port: int | None = None
         self.service_names: list[str] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._on_drain: list[Callable[[], Awaitable[None]]] = []
         self._draining = False
 
     async def start(self) -> int:
@@ -205,6 +209,7 @@ class App:
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
         )
         self.service_names = [build(ctx, server) for build in _SERVICES]
+        self._on_drain = ctx.on_drain
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
@@ -271,6 +276,8 @@ class App:
             return
         self._draining = True
         await self.health.enter_graceful_shutdown()
+        for hook in self._on_drain:
+            await hook()
         await self.server.stop(self.settings.grace_seconds if grace is None else grace)
         for task in self._tasks:
             task.cancel()
