@@ -11,6 +11,7 @@ from ._journal import ArchiveEntry, JournalContent
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
+from ._schedule import RejectedRecord, Reminder, ReminderPage
 from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
 from .client import AsyncClient, Client
 from .errors import FencepostError
@@ -26,4 +27,5 @@ __all__ = [
     "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
     "journal", "JournalContent", "ArchiveEntry",
     "JournalMirror", "SessionWorker", "WorkerResult",
+    "Reminder", "ReminderPage", "RejectedRecord",
 ]
