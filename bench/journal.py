@@ -68,6 +68,7 @@ async def _serve(counting: CountingStorage, **settings: Any) -> App:
     # limit; raise the limit so the old pattern can run at all.
     app = App(
         Settings(listen="127.0.0.1:0", limits=Limits(max_value_bytes=64 << 20), max_receive_bytes=64 << 20,
+                 ledger_janitor=False,
                  **settings),
         storage=counting,
     )

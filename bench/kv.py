@@ -4,6 +4,7 @@ server driven by the same harness, and backend calls per RPC."""
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 from pathlib import Path
 
 import grpc
@@ -20,42 +21,38 @@ VALUE = b"v" * 64
 TOTALS = {1: 1500, 64: 6000}
 
 
-async def _echo(report: Reporter) -> dict[int, float]:
-    port = free_port()
-    rates = {}
-    with subprocess_server(["-m", "bench.echo_server", str(port)], port):
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            echo = ch.unary_unary("/bench.Echo/Echo")
-            for conc, total in TOTALS.items():
-                res = await measure(lambda i: echo(VALUE), concurrency=conc, total=total)
-                report.result(f"echo (bare grpc.aio) in_flight={conc}", res)
-                rates[conc] = res.rate
-    return rates
+ROUNDS = 3  # interleaved rounds; the median rate per configuration is reported
 
 
-async def _fencepost(report: Reporter, label: str, backend: str) -> dict[tuple[str, int], float]:
-    port = free_port()
-    rates = {}
-    with fencepost_server(port, backend):
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            kv = kv_pb2_grpc.KvServiceStub(ch)
-            for conc, total in TOTALS.items():
-                put = await measure(
-                    lambda i: kv.Put(kv_pb2.PutRequest(key=f"bench/{i % 1000}", value=VALUE)),
-                    concurrency=conc, total=total,
-                )
-                report.result(f"fencepost {label} Put in_flight={conc}", put)
-                get = await measure(
-                    lambda i: kv.Get(kv_pb2.GetRequest(key=f"bench/{i % 1000}")), concurrency=conc, total=total
-                )
-                report.result(f"fencepost {label} Get in_flight={conc}", get)
-                rates[("put", conc)], rates[("get", conc)] = put.rate, get.rate
-    return rates
+async def _echo_round(port: int) -> dict[tuple[str, int], object]:
+    out: dict[tuple[str, int], object] = {}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        echo = ch.unary_unary("/bench.Echo/Echo")
+        for conc, total in TOTALS.items():
+            out[("echo", conc)] = await measure(lambda i: echo(VALUE), concurrency=conc, total=total)
+    return out
 
 
+async def _fencepost_round(port: int) -> dict[tuple[str, int], object]:
+    out: dict[tuple[str, int], object] = {}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        kv = kv_pb2_grpc.KvServiceStub(ch)
+        for conc, total in TOTALS.items():
+            out[("put", conc)] = await measure(
+                lambda i: kv.Put(kv_pb2.PutRequest(key=f"bench/{i % 1000}", value=VALUE)),
+                concurrency=conc, total=total,
+            )
+            out[("get", conc)] = await measure(
+                lambda i: kv.Get(kv_pb2.GetRequest(key=f"bench/{i % 1000}")), concurrency=conc, total=total
+            )
+    return out
+
+
+def _median(results: list[Any]) -> Any:
+    return sorted(results, key=lambda r: r.rate)[len(results) // 2]
 async def backend_calls_per_rpc(report: Reporter) -> None:
     counting = CountingStorage(MemoryStorage())
-    app = App(Settings(listen="127.0.0.1:0"), storage=counting)
+    app = App(Settings(listen="127.0.0.1:0", ledger_janitor=False), storage=counting)
     await app.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
@@ -101,16 +98,33 @@ async def backend_calls_per_rpc(report: Reporter) -> None:
 
 
 async def run(report: Reporter) -> None:
-    echo = await _echo(report)
-    memory = await _fencepost(report, "memory", "memory://")
-    with tempfile.TemporaryDirectory() as tmp:
-        sqlite = await _fencepost(report, "sqlite", f"sqlite://{Path(tmp) / 'bench.db'}")
+    """Echo, memory and sqlite servers run side by side; each round drives
+    all three in turn, so background noise on this shared machine lands on
+    every configuration alike. Medians of ROUNDS rounds are reported."""
+    runs: dict[str, list[dict[tuple[str, int], Any]]] = {"echo": [], "memory": [], "sqlite": []}
+    ports = {name: free_port() for name in runs}
+    with tempfile.TemporaryDirectory() as tmp, \
+            subprocess_server(["-m", "bench.echo_server", str(ports["echo"])], ports["echo"]), \
+            fencepost_server(ports["memory"], "memory://"), \
+            fencepost_server(ports["sqlite"], f"sqlite://{Path(tmp) / 'bench.db'}"):
+        for _ in range(ROUNDS):
+            runs["echo"].append(await _echo_round(ports["echo"]))
+            runs["memory"].append(await _fencepost_round(ports["memory"]))
+            runs["sqlite"].append(await _fencepost_round(ports["sqlite"]))
+    med = {name: {k: _median([r[k] for r in rs]) for k in rs[0]} for name, rs in runs.items()}
     for conc in TOTALS:
+        report.result(f"echo (bare grpc.aio) in_flight={conc}", med["echo"][("echo", conc)])
+        for name in ("memory", "sqlite"):
+            for op in ("put", "get"):
+                report.result(f"fencepost {name} {op.capitalize()} in_flight={conc}", med[name][(op, conc)])
+    for conc in TOTALS:
+        echo = med["echo"][("echo", conc)].rate
+        m, s = med["memory"], med["sqlite"]
         report(
-            f"ratios in_flight={conc}",
-            memory_put_vs_echo=memory[("put", conc)] / echo[conc],
-            memory_get_vs_echo=memory[("get", conc)] / echo[conc],
-            sqlite_put_vs_memory_put=sqlite[("put", conc)] / memory[("put", conc)],
-            sqlite_get_vs_memory_get=sqlite[("get", conc)] / memory[("get", conc)],
+            f"ratios in_flight={conc} (medians of {ROUNDS})",
+            memory_put_vs_echo=m[("put", conc)].rate / echo,
+            memory_get_vs_echo=m[("get", conc)].rate / echo,
+            sqlite_put_vs_memory_put=s[("put", conc)].rate / m[("put", conc)].rate,
+            sqlite_get_vs_memory_get=s[("get", conc)].rate / m[("get", conc)].rate,
         )
     await backend_calls_per_rpc(report)

@@ -47,11 +47,18 @@ class Metrics:
         self.flush_lag = Gauge("fencepost_journal_flush_lag_seconds",
                                "age of the oldest unflushed journal record at the last flush", registry=r)
         self._http: Any = None
+        # labels() costs a lock and a dict lookup per call: keep the children.
+        self._rpc_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._backend_children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     # -- RpcObserver -------------------------------------------------------
     def rpc_done(self, method: str, code: str, reason: str, seconds: float) -> None:
-        self.rpcs.labels(method, code).inc()
-        self.rpc_seconds.labels(method).observe(seconds)
+        children = self._rpc_children.get((method, code))
+        if children is None:
+            children = self._rpc_children[(method, code)] = (
+                self.rpcs.labels(method, code), self.rpc_seconds.labels(method))
+        children[0].inc()
+        children[1].observe(seconds)
         if reason:
             self.errors.labels(method, reason).inc()
             if reason in _LEASE_EVENTS:
@@ -66,8 +73,13 @@ class Metrics:
 
     # -- storage hook ----------------------------------------------------------
     def backend_call(self, op: str, seconds: float, error: BaseException | None) -> None:
-        self.backend_calls.labels(op, "error" if error else "ok").inc()
-        self.backend_seconds.labels(op).observe(seconds)
+        key = (op, error is None)
+        children = self._backend_children.get(key)
+        if children is None:
+            children = self._backend_children[key] = (
+                self.backend_calls.labels(op, "ok" if error is None else "error"), self.backend_seconds.labels(op))
+        children[0].inc()
+        children[1].observe(seconds)
 
     # -- domain events -----------------------------------------------------------
     def event(self, name: str, value: float = 1.0) -> None:
