@@ -49,7 +49,10 @@ def check_kv(history: History) -> CheckReport:
         verdict = check_register(ops)
         report.histories += 1
         report.inconclusive += verdict.inconclusive
-        if not verdict.linearizable:
+        if verdict.replay_suspect:
+            report.known.append(Violation("kv.replay_version", f"key {key}: linearizable only if writes' "
+                                          f"reported versions are not trusted\n{describe(ops)}"))
+        elif not verdict.linearizable:
             report.add("kv.linearizable", f"key {key}: {verdict.detail}\n{describe(ops)}")
         for op in verdict.replays:
             report.known.append(Violation("kv.replay_version", f"key {key}: {op.kind} {op.args} reported "

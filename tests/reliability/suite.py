@@ -77,7 +77,8 @@ def workers(w: Workload, sessions: list[str], races: list[str]) -> list[Step]:
 
 
 async def _first_ready(w: Workload) -> tuple[list[str], list[str]]:
-    return await w.open_sessions("s", 3), await w.open_sessions("race", 4)
+    # the long profile needs >= 1,000 races: more race workers (a race step is slow: it sleeps past a ttl)
+    return await w.open_sessions("s", 3), await w.open_sessions("race", 16 if LONG else 4)
 
 
 async def read_back(client: fencepost.AsyncClient, history: History) -> tuple[LedgerState, dict[str, list[str]]]:

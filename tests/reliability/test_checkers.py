@@ -37,16 +37,18 @@ def test_stale_read_after_acked_write_is_not_linearizable() -> None:
         op(1, "kv.get", 2, 3, result=None),  # the write was acked before this read began
     ]
     verdict = check_register(history)
-    assert not verdict.linearizable and not verdict.inconclusive
+    assert not verdict.linearizable and not verdict.inconclusive and not verdict.replay_suspect
 
 
 def test_two_winners_of_one_cas_are_not_linearizable() -> None:
     history = [
         op(0, "kv.put_if_absent", 0, 1, result=CasResult(True, "v1"), value=b"a"),
+        op(5, "kv.get", 1.5, 1.8, result=(b"a", "v1")),
         op(1, "kv.put_if_version", 2, 4, result=CasResult(True, "v2"), value=b"b", expected="v1"),
         op(2, "kv.put_if_version", 2, 4, result=CasResult(True, "v3"), value=b"c", expected="v1"),
     ]
-    assert not check_register(history).linearizable
+    verdict = check_register(history)
+    assert not verdict.linearizable and not verdict.replay_suspect
 
 
 def test_overlapping_ops_and_unknown_writes_are_linearizable() -> None:
@@ -66,7 +68,8 @@ def test_an_unknown_write_that_never_happened_is_allowed_but_a_refused_one_is_no
     read = op(2, "kv.get", 5, 6, result=(b"a", "v1"))
     assert check_register([*base, unknown, read]).linearizable
     wrong = op(3, "kv.put_if_version", 2, 3, result=CasResult(False, "v1"), value=b"b", expected="v1")
-    assert not check_register([*base, wrong, read]).linearizable  # refused though the version matched
+    verdict = check_register([*base, wrong, read])
+    assert not verdict.linearizable and not verdict.replay_suspect  # refused though the version matched
 
 
 # -- ledger and journal ---------------------------------------------------------------
