@@ -76,7 +76,7 @@ class LedgerState:
 
 def check_ledger(history: History, state: LedgerState) -> CheckReport:
     report = CheckReport()
-    commits = [op for op in history.of("ledger.commit")]
+    commits = history.of("ledger.commit")
     by_id = {op.args["commit_id"]: op for op in commits}
     applied: dict[str, list[int]] = defaultdict(list)  # commit id -> seqs its records sit at
     for sid, log in state.logs.items():

@@ -21,7 +21,7 @@ from fencepost_server.storage import Storage
 from tests.conftest import running
 from tests.faults import FaultyStorage
 
-from .checks import CheckReport, LedgerState, check_journal, check_kv, check_ledger
+from .checks import LedgerState, check_journal, check_kv, check_ledger
 from .crash import CLIENT_OPTIONS, CrashableServer
 from .history import History
 from .workloads import Step, Workload
