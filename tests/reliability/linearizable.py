@@ -6,8 +6,9 @@ delete_if_version.
 Values written by the workload are unique, so the model state is just the
 current value (None when absent). Version tokens are opaque and server-made:
 the search learns version -> value from every response that carries both (an
-applied write, a get) and a token never seen with a value (e.g. from an
-unknown write) matches any value whose own token was never seen.
+applied write, a get). Whether a token never seen with a value (e.g. from an
+unknown write) is the current one is undecided when the current value's own
+token was never seen either: a CAS on it may then succeed or be refused.
 
 A refused CAS reports the key's current version, but the server reads it
 after the refusal, so it is not part of the model (only the refusal is).
@@ -81,36 +82,44 @@ class _Versions:
         if self.value_of.setdefault(version, value) != value or self.version_of.setdefault(value, version) != version:
             self.conflict = f"version {version!r} seen with two values, or value {value!r} with two versions"
 
-    def matches(self, state: bytes | None, version: str) -> bool:
-        """Could the register in `state` carry `version` ("" = absent)?"""
+    def matches(self, state: bytes | None, version: str) -> bool | None:
+        """Does the register in `state` carry `version` ("" = absent)? None
+        when the history cannot tell (neither token nor value pinned)."""
         if not version:
             return state is None
         if version in self.value_of:
             return state == self.value_of[version]
-        return state is not None and state not in self.version_of
+        if state is None or state in self.version_of:
+            return False
+        return None
 
 
-def _step(op: Op, state: bytes | None, versions: _Versions) -> tuple[bool, bytes | None]:
-    """(legal, next state) of applying `op` to `state`."""
+def _step(op: Op, state: bytes | None, versions: _Versions) -> list[bytes | None]:
+    """The states `op` may leave `state` in (none: `op` cannot be next)."""
     if op.kind == GET:
         seen = op.result
-        return (state is None if seen is None else state == seen[0]), state
+        legal = state is None if seen is None else state == seen[0]
+        return [state] if legal else []
     if op.kind == PUT:
-        return True, op.args["value"]
+        return [op.args["value"]]
     if op.kind == DELETE:
-        return (op.status == UNKNOWN or op.result == (state is not None)), None
+        return [None] if op.status == UNKNOWN or op.result == (state is not None) else []
     if op.kind == PUT_IF_ABSENT:
-        holds = state is None
+        holds: bool | None = state is None
     elif op.kind in (PUT_IF_VERSION, DELETE_IF_VERSION):
-        holds = state is not None and versions.matches(state, op.args["expected"])
+        holds = versions.matches(state, op.args["expected"])
     else:
         raise ValueError(f"not a register op: {op.kind}")
-    after = (None if op.kind == DELETE_IF_VERSION else op.args["value"]) if holds else state
-    if op.status == UNKNOWN:
-        return True, after
-    # A refused write's "current version" is read after the refusal (not
-    # atomically with it), so only the refusal itself is checked.
-    return op.result.applied == holds, after
+    written = None if op.kind == DELETE_IF_VERSION else op.args["value"]
+    if op.status == OK:
+        # A refused write's "current version" is read after the refusal (not
+        # atomically with it), so only the refusal itself is checked.
+        if holds is not None and op.result.applied != holds:
+            return []
+        return [written] if op.result.applied else [state]
+    if holds is None:
+        return [written, state]
+    return [written] if holds else [state]
 
 
 def check_register(ops: Sequence[Op], initial: bytes | None = None, budget: int = DEFAULT_BUDGET) -> Verdict:
@@ -159,8 +168,7 @@ def _search(ops: Sequence[Op], initial: bytes | None, budget: int, trust_writes:
             op = relevant[i]
             if op.invoke >= horizon:
                 continue
-            legal, after = _step(op, state, versions)
-            if legal:
+            for after in _step(op, state, versions):
                 stack.append((done | 1 << i, after))
     return Verdict(False, explored=explored, replays=replays,
                    detail=f"no linearization: at most {deepest} of {bin(required).count('1')} acked ops ordered")
