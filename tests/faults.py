@@ -13,6 +13,8 @@ to check the final state); `injected` counts what was injected by kind,
 chosen 0-based call step (counted over every call, armed or not), on top of
 (or, with the rates at 0, instead of) the random faults. A scheduled
 "timeout" or "lose" on a read drops the response after the call.
+`cover_each=n` faults the first n armed calls of every call name (cycling
+fail, timeout, lose; reads fail), so even a rarely made call gets each kind.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class FaultyStorage(Storage):
         lose: float = 0.05,
         only: set[str] | None = None,
         schedule: dict[int, str] | None = None,
+        cover_each: int = 0,
     ) -> None:
         self.inner = inner
         self.rng = random.Random(seed)
@@ -50,6 +53,8 @@ class FaultyStorage(Storage):
         self.calls: Counter[str] = Counter()
         self.schedule = dict(schedule or {})
         self.step = 0
+        self.cover_each = cover_each
+        self.armed_calls: Counter[str] = Counter()
 
     def _count(self, kind: str, name: str) -> None:
         self.injected[kind] += 1
@@ -59,7 +64,13 @@ class FaultyStorage(Storage):
         """The fault chosen for this call step, if any (counts the step)."""
         step, self.step = self.step, self.step + 1
         self.calls[name] += 1
-        return self.schedule.get(step) if self.armed else None
+        if not self.armed:
+            return None
+        nth = self.armed_calls[name]
+        self.armed_calls[name] += 1
+        if nth < self.cover_each:
+            return ("fail", "timeout", "lose")[nth % 3]
+        return self.schedule.get(step)
 
     async def _read(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
         chosen = self._scheduled(name)
