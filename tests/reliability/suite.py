@@ -41,7 +41,7 @@ def budget(kind: str, backend: str) -> Budget:
     slow = backend == "dynamodb"
     if LONG:
         if kind == "faults":
-            return Budget(2_500, 240.0) if slow else Budget(16_000, 240.0)
+            return Budget(2_500, 240.0) if slow else Budget(20_000, 240.0)
         return Budget(4_000, 240.0, kills=5) if slow else Budget(40_000, 240.0, kills=22)
     if kind == "faults":
         return Budget(150, 12.0) if slow else Budget(600, 10.0)
