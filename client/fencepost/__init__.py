@@ -11,10 +11,13 @@ from ._journal import ArchiveEntry, JournalContent
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
+from ._schedule import RejectedRecord, Reminder, ReminderPage
 from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
 from .client import AsyncClient, Client
 from .errors import FencepostError
 from .keys import author_kv, encode_segment
+from .mirror import JournalMirror
+from .worker import SessionWorker, WorkerResult
 
 __all__ = [
     "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
@@ -23,4 +26,6 @@ __all__ = [
     "author_kv", "encode_segment", "errors", "reasons",
     "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
     "journal", "JournalContent", "ArchiveEntry",
+    "JournalMirror", "SessionWorker", "WorkerResult",
+    "Reminder", "ReminderPage", "RejectedRecord",
 ]

@@ -22,12 +22,21 @@ from ._journal import JournalMethods
 from ._kv import KvMethods
 from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
-from .v1 import evals_pb2_grpc, journal_pb2_grpc, kv_pb2_grpc, ledger_pb2_grpc, memory_pb2_grpc, store_api_pb2_grpc
+from ._schedule import ScheduleMethods
+from .v1 import (
+    evals_pb2_grpc,
+    journal_pb2_grpc,
+    kv_pb2_grpc,
+    ledger_pb2_grpc,
+    memory_pb2_grpc,
+    schedule_pb2_grpc,
+    store_api_pb2_grpc,
+)
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalMethods):
+class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalMethods, ScheduleMethods):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -63,6 +72,7 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
         self._ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
         self._journal = journal_pb2_grpc.JournalServiceStub(channel)
         self._store_api = store_api_pb2_grpc.StoreApiServiceStub(channel)
+        self._schedule = schedule_pb2_grpc.ScheduleServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,8 @@ from fencepost.v1 import (
     ledger_pb2_grpc,
     memory_pb2,
     memory_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
     store_api_pb2,
     store_api_pb2_grpc,
 )
@@ -40,6 +43,7 @@ from .api.journal import JournalServicer, StoreApiServicer
 from .api.kv import KvServicer
 from .api.ledger import LedgerServicer
 from .api.memory import MemoryServicer
+from .api.schedule import ScheduleServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.evals import EvalStore
@@ -48,6 +52,7 @@ from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
 from .domain.requests import RequestLog
+from .domain.schedule import Schedule
 from .observability import Metrics
 from .security import IdentityMap, build_authenticator
 from .storage import Storage, open_backend
@@ -68,6 +73,8 @@ class AppContext:
     #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
     events: Callable[..., None]
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: called when shutdown begins, before in-flight RPCs are drained (end long-polls)
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
     shared: dict[str, Any] = field(default_factory=dict)
 
@@ -95,11 +102,22 @@ def _memory(ctx: AppContext, server: grpc.aio.Server) -> str:
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 
+def _ledger_of(ctx: AppContext) -> Ledger:
+    """The one Ledger the ledger and schedule services share (built once per
+    AppContext, with one janitor)."""
+    ledger: Ledger | None = ctx.shared.get("ledger")
+    if ledger is None:
+        ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events)
+        ctx.shared["ledger"] = ledger
+        ctx.on_drain.append(ledger.janitor.drain)
+        if ctx.settings.ledger_janitor:
+            ctx.background.append(ledger.janitor.run)
+    return ledger
+
+
 def _ledger(ctx: AppContext, server: grpc.aio.Server) -> str:
-    ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config())
+    ledger = _ledger_of(ctx)
     ledger_pb2_grpc.add_LedgerServiceServicer_to_server(LedgerServicer(ledger, ctx.auth, ctx.observer), server)
-    if ctx.settings.ledger_janitor:
-        ctx.background.append(ledger.janitor.run)
     return ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 
 
@@ -131,6 +149,13 @@ def _store_api(ctx: AppContext, server: grpc.aio.Server) -> str:
     return store_api_pb2.DESCRIPTOR.services_by_name["StoreApiService"].full_name
 
 
+def _schedule(ctx: AppContext, server: grpc.aio.Server) -> str:
+    s = ctx.settings
+    schedule = Schedule(_ledger_of(ctx), clock=s.schedule_clock or time.time, watch_segment=s.schedule_watch_seconds)
+    schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(schedule, ctx.auth, ctx.observer), server)
+    return schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
@@ -139,6 +164,7 @@ _SERVICES: list[ServiceBuilder] = [
     _ledger,
     _journal,
     _store_api,
+    _schedule,
 ]
 
 
@@ -169,6 +195,7 @@ class App:
         self.port: int | None = None
         self.service_names: list[str] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._on_drain: list[Callable[[], Awaitable[None]]] = []
         self._draining = False
 
     async def start(self) -> int:
@@ -182,6 +209,7 @@ class App:
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
         )
         self.service_names = [build(ctx, server) for build in _SERVICES]
+        self._on_drain = ctx.on_drain
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
@@ -248,6 +276,8 @@ class App:
             return
         self._draining = True
         await self.health.enter_graceful_shutdown()
+        for hook in self._on_drain:
+            await hook()
         await self.server.stop(self.settings.grace_seconds if grace is None else grace)
         for task in self._tasks:
             task.cancel()

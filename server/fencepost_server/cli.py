@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from fencepost.cli import register as register_client_commands
+
 from . import cli_dynamodb
 from .config import Settings
 
@@ -139,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _hash_token_parser(sub)
     cli_dynamodb.register(sub)
+    register_client_commands(sub)  # kv / ledger / journal / memory over gRPC
     return parser
 
 

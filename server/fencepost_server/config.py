@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,10 @@ class Settings:
     journal_flush_seconds: float = 30.0
     journal_flush_bytes: int = 64 * 1024
     max_journal_bytes: int = 5 * 1024 * 1024
+    # schedule (spec/schedule.md): WatchDue sleeps at most this long between
+    # clock re-reads; the clock is injectable for tests (None = time.time)
+    schedule_watch_seconds: float = 1.0
+    schedule_clock: Callable[[], float] | None = None
 
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(

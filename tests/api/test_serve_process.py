@@ -72,3 +72,33 @@ def test_non_loopback_listen_without_auth_is_refused(tmp_path: Path) -> None:
     )
     assert res.returncode != 0
     assert "--insecure" in res.stderr
+
+
+def test_sigterm_drains_an_in_flight_long_poll_and_exits_zero(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    port = free_port()
+    proc = start_server(tmp_path, port, "--grace", "20")
+    outcome: dict[str, object] = {}
+
+    def long_poll() -> None:
+        with fencepost.Client(f"127.0.0.1:{port}", retry=fencepost.NO_RETRY) as fp:
+            started = time.monotonic()
+            try:
+                outcome["result"] = fp.claim_orphan("worker", ttl=5, wait=15)
+            except fencepost.FencepostError as exc:
+                outcome["error"] = exc
+            outcome["seconds"] = time.monotonic() - started
+
+    worker = threading.Thread(target=long_poll)
+    worker.start()
+    time.sleep(1.0)  # the long-poll is now in flight
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    worker.join(timeout=30)
+    # Drained, not cut: the poll answered "nothing to claim" instead of an error,
+    # and it ended with the shutdown rather than running its full 15 s.
+    assert "error" not in outcome, outcome
+    assert outcome["result"] is None
+    assert float(outcome["seconds"]) < 14  # type: ignore[arg-type]

@@ -177,7 +177,7 @@ class EvalStore:
             return True
         # The fingerprint leaves out server-stamped times, so a retry matches.
         fp = _fingerprint("put", key, hashlib.sha256(_dump(body)).digest())
-        return await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)]) is not None
+        return not (await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)])).replayed
 
     # -- eval runs -------------------------------------------------------------
     async def put_run(
@@ -207,7 +207,7 @@ class EvalStore:
         result = await self.requests.transact(
             tenant, request_id, _fingerprint("delete_run", key), [], [Delete(key, Expect(exists=True))]
         )
-        return True if result is None else result.applied
+        return result.applied
 
     async def list_runs(
         self, tenant: str, agent: str, size: int, token: str, history_window: int = 0

@@ -113,8 +113,6 @@ class KvStore:
             return await self.storage.put(scoped, value)
         fp = _fingerprint("put", key, hashlib.sha256(value).digest())
         result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)])
-        if result is None:  # a retry of an applied request: report the key as it is now
-            return await self._current_version(scoped)
         return result.versions[0] or ""
 
     async def delete(self, tenant: str, key: str, request_id: str = "") -> bool:
@@ -125,8 +123,6 @@ class KvStore:
         fp = _fingerprint("delete", key)
         # Conditioned on existence so the response can say whether it existed.
         result = await self.requests.transact(tenant, request_id, fp, [], [Delete(scoped, Expect(exists=True))])
-        if result is None:
-            return True
         return result.applied
 
     async def put_if_absent(self, tenant: str, key: str, value: bytes, request_id: str = "") -> CasOutcome:
@@ -186,10 +182,8 @@ class KvStore:
                 checks, writes = None, None
             if writes is not None:
                 result = await self.requests.transact(tenant, request_id, fp, checks or [], writes)
-                if result is None:
-                    return TxnOutcome(True, (), ())
-                if result.applied:
-                    return TxnOutcome(True, tuple(v or "" for v in result.versions), ())
+                if result.applied:  # a replay reports the first outcome, either branch
+                    return TxnOutcome(not result.failed, tuple(v or "" for v in result.versions), result.failed)
             # Some compare failed: read the compared keys and decide on that snapshot.
             snapshot = {k: await self.storage.get(k) for k, _ in cmp_scoped}
             failed = tuple(i for i, (k, e) in enumerate(cmp_scoped) if not e.holds(snapshot[k]))
@@ -199,9 +193,9 @@ class KvStore:
                 (k, Expect(version=item.version) if item else Expect(exists=False)) for k, item in snapshot.items()
             ]
             checks, writes = plan(pins, failure_s)
-            result = await self.requests.transact(tenant, request_id, fp, checks, writes)
-            if result is None:
-                return TxnOutcome(False, (), failed)
+            result = await self.requests.transact(tenant, request_id, fp, checks, writes, failed)
+            if result.replayed:
+                return TxnOutcome(not result.failed, tuple(v or "" for v in result.versions), result.failed)
             if result.applied:
                 return TxnOutcome(False, tuple(v or "" for v in result.versions), failed)
         raise Aborted(
@@ -212,9 +206,8 @@ class KvStore:
     # -- helpers -----------------------------------------------------------
     async def _conditional(self, tenant: str, request_id: str, fp: bytes, write: Write) -> CasOutcome:
         result = await self.requests.transact(tenant, request_id, fp, [], [write])
-        if result is None or result.applied:
-            version = result.versions[0] if result else await self._current_version(write.key)
-            return CasOutcome(True, version or "")
+        if result.applied:
+            return CasOutcome(True, result.versions[0] or "")
         return CasOutcome(False, await self._current_version(write.key))
 
     async def _current_version(self, scoped: str) -> str:

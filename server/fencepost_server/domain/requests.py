@@ -1,7 +1,9 @@
 """AIP-155 request ids: a retried mutation with the same id is applied once.
 
 The request's marker is written in the same transaction as the mutation, so
-the two land together or not at all: one round trip, no read first. Markers
+the two land together or not at all: one round trip, no read first. The
+marker records the request's fingerprint and the versions its writes got, so
+a retry reports the first outcome exactly. Markers
 live in hourly buckets (`#/req/{hour}/{tenant}/{id hash}`); a request is
 checked against the current and the previous bucket, so the dedupe window is
 at least one hour, and buckets older than that are swept by listing a prefix
@@ -11,7 +13,9 @@ at least one hour, and buckets older than that are swept by listing a prefix
 from __future__ import annotations
 
 import hashlib
+import json
 import time
+import uuid
 from collections.abc import Callable, Sequence
 
 from fencepost import reasons
@@ -23,6 +27,7 @@ from .keys import GLOBAL_PREFIX
 
 BUCKET_SECONDS = 3600
 _PREFIX = GLOBAL_PREFIX + "req/"
+_SEP = b"\n"  # fingerprint (32 bytes) + SEP + JSON {"v": versions written, "f": failed compares}
 
 
 class RequestLog:
@@ -35,23 +40,37 @@ class RequestLog:
         return f"{_PREFIX}{bucket:010d}/{encode_segment(tenant)}/{digest}"
 
     async def transact(
-        self, tenant: str, request_id: str, fingerprint: bytes, checks: Sequence[Check], writes: Sequence[Write]
-    ) -> TxnResult | None:
-        """Run the transaction once per request id. Returns None when this id was
-        already applied with the same request (the caller reports the outcome),
-        else the transaction's result (marker excluded)."""
+        self,
+        tenant: str,
+        request_id: str,
+        fingerprint: bytes,
+        checks: Sequence[Check],
+        writes: Sequence[Write],
+        failed: Sequence[int] = (),
+    ) -> TxnResult:
+        """Run the transaction once per request id. A retry of an applied
+        request returns the first outcome (`replayed = True`, the versions the
+        first attempt wrote, and the `failed` it was applied with — a Txn's
+        failure branch records its failed compares); otherwise the
+        transaction's result (marker excluded)."""
         if not request_id:
             return await self.storage.transact(checks, writes)
         if len(request_id) > 128:
             raise InvalidArgument(
                 reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id"
             )
+        # The versions are chosen here so the marker can record them in the same
+        # transaction: a replay reports what the first attempt wrote.
+        writes = [Put(w.key, w.value, w.expect, w.version or "r" + uuid.uuid4().hex) if isinstance(w, Put) else w
+                  for w in writes]
+        versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS
         current = self._marker(bucket, tenant, request_id)
         previous = self._marker(bucket - 1, tenant, request_id)
+        marker = fingerprint + _SEP + json.dumps({"v": versions, "f": list(failed)}).encode()
         result = await self.storage.transact(
             [*checks, Check(previous, Expect(exists=False))],
-            [*writes, Put(current, fingerprint, Expect(exists=False))],
+            [*writes, Put(current, marker, Expect(exists=False))],
         )
         if result.applied:
             return TxnResult(True, result.versions[:-1])
@@ -60,17 +79,19 @@ class RequestLog:
             caller_failed = tuple(i if i < len(checks) else i - 1 for i in result.failed)
             return TxnResult(False, failed=caller_failed)
         for key in (current, previous):
-            marker = await self.storage.get(key)
-            if marker is not None:
-                if marker.value != fingerprint:
+            found = await self.storage.get(key)
+            if found is not None:
+                first_fp, _, first = found.value.partition(_SEP)
+                if first_fp != fingerprint:
                     raise InvalidArgument(
                         reasons.REQUEST_ID_REUSED,
                         "request_id was already used for a different request",
                         {"request_id": request_id}, field="request_id",
                     )
-                return None
+                outcome = json.loads(first)
+                return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True)
         # The marker vanished between the two calls (swept): treat as not seen.
-        return await self.transact(tenant, request_id, fingerprint, checks, writes)
+        return await self.transact(tenant, request_id, fingerprint, checks, writes, failed)
 
     async def sweep(self, batch: int = 500) -> int:
         """Delete markers older than the dedupe window; returns how many."""

@@ -93,9 +93,15 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class Put:
+    """A write. `version`, when given (transact only), is the version token the
+    write gets instead of one the backend mints: the caller must make it
+    globally unique (128 random bits). The request-id log uses it to record a
+    write's version in the same transaction as the write."""
+
     key: str
     value: bytes
     expect: Expect | None = None
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,8 @@ class TxnResult:
     applied: bool
     versions: tuple[str | None, ...] = ()
     failed: tuple[int, ...] = ()
+    #: set by the request-id log: this result is the first outcome of a retried request
+    replayed: bool = False
 
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:

@@ -39,8 +39,8 @@ class MemoryStorage(Storage):
     def _next_version(self) -> str:
         return f"{self._epoch}-{next(self._counter):012x}"
 
-    def _store(self, key: str, value: bytes) -> str:
-        version = self._next_version()
+    def _store(self, key: str, value: bytes, version: str | None = None) -> str:
+        version = version or self._next_version()
         if key not in self._items:
             bisect.insort(self._keys, key)
         self._items[key] = Item(key, bytes(value), version)
@@ -118,7 +118,7 @@ class MemoryStorage(Storage):
         versions: list[str | None] = []
         for w in writes:
             if isinstance(w, Put):
-                versions.append(self._store(w.key, w.value))
+                versions.append(self._store(w.key, w.value, w.version))
             else:
                 assert isinstance(w, Delete)
                 self._remove(w.key)

@@ -319,7 +319,7 @@ class SqliteStorage(Storage):
             versions: list[str | None] = []
             for w in writes:
                 if isinstance(w, Put):
-                    v = version()
+                    v = w.version or version()
                     _write(conn, w.key, w.value, v)
                     versions.append(v)
                 else:

@@ -108,14 +108,26 @@ class LedgerBase:
         limits: Limits | None = None,
         config: LedgerConfig | None = None,
         clock: Callable[[], float] = time.time,
+        events: Callable[..., None] | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits or Limits()
         self.config = config or LedgerConfig()
         self.clock = clock
+        #: metrics hook: events("janitor.orphans_found", 3); no-op by default
+        self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
+        #: set on shutdown: long-polls and watches end cleanly instead of being cut
+        self.draining = False
         self._leases = _Lru(self.config.cache_size)  # lease key -> Item last seen / written
         self._identities = _Lru(self.config.cache_size)  # identity key -> session id (immutable)
         self._watchers: dict[str, set[asyncio.Event]] = {}
+
+    def drain(self) -> None:
+        """Shutdown has begun: wake every watcher so streams end now."""
+        self.draining = True
+        for wakes in self._watchers.values():
+            for wake in wakes:
+                wake.set()
 
     # -- helpers --------------------------------------------------------------------
     def keys(self, tenant: str, sid: str) -> SessionKeys:

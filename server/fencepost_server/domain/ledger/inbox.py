@@ -153,7 +153,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
         self._watchers.setdefault(sid, set()).add(wake)
         seen: set[str] = set()
         try:
-            while True:
+            while not self.draining:
                 wake.clear()
                 gen = await self.storage.get(sk.gen)
                 if gen is None:

@@ -65,6 +65,12 @@ class Janitor:
     def grace(self) -> float:
         return self.ledger.config.orphan_grace
 
+    async def drain(self) -> None:
+        """Shutdown: waiting ClaimOrphan long-polls answer "nothing" now."""
+        self.ledger.drain()
+        async with self._changed:
+            self._changed.notify_all()
+
     async def run(self) -> None:
         """The background loop (registered in AppContext.background)."""
         while True:
@@ -91,10 +97,14 @@ class Janitor:
                 if len(entries) < _BATCH:
                     break
                 start = entries[-1].key
+        swept_before = (self.stats.stale_pending_swept, self.stats.blobs_swept)
         await self._sweep_blobs(now)
         self.stats.passes += 1
         self.stats.orphans_found += sum(len(v) for v in found.values())
         self.stats.oldest_pending_age = oldest
+        self.ledger.events("janitor.orphans_found", sum(len(v) for v in found.values()))
+        self.ledger.events("janitor.oldest_pending_seconds", oldest)
+        self.ledger.events("janitor.blobs_swept", self.stats.blobs_swept - swept_before[1])
         async with self._changed:
             self._orphans = found
             self._changed.notify_all()
@@ -107,6 +117,7 @@ class Janitor:
         if not inbox:
             await self.storage.delete_if_version(entry.key, entry.version)
             self.stats.stale_pending_swept += 1
+            self.ledger.events("janitor.stale_pending_swept")
             return None, 0.0
         age = max(0.0, now - inbox_time(inbox[0][len(sk.inbox):]))
         lease = await self.storage.get(sk.lease)
@@ -159,9 +170,10 @@ class Janitor:
                 granted = await self.ledger.grant(sk, orphan.lease, holder, ttl)  # type: ignore[attr-defined]
                 if granted is not None:
                     self.stats.orphans_recovered += 1
+                    self.ledger.events("janitor.orphans_recovered")
                     return await self.ledger.get(tenant, orphan.sid)  # type: ignore[attr-defined,no-any-return]
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.ledger.draining:
                 return None
             async with self._changed:
                 try:

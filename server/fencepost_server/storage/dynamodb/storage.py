@@ -305,7 +305,7 @@ class DynamoStorage(Storage):
             partition, key_attrs = self.codec.key_attributes(write.key)
             condition = Condition.of(write.expect)
             if isinstance(write, Put):
-                version = new_version()
+                version = write.version or new_version()
                 body = {"TableName": self.table, "Item": {**key_attrs, VALUE: {"B": write.value}, VERSION: {"S": version}}}
                 if condition.clauses:
                     body["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"

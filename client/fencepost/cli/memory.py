@@ -1,0 +1,101 @@
+"""`fencepost memory list|search|pin|topics` (agent memory)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._memory import STRATEGIES
+from ..client import AsyncClient
+from ..v1 import memory_pb2 as pb
+from ._common import Exit, Out, UsageError, add_command, clip, message_dict
+
+
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], parser_class: type) -> None:
+    memory = sub.add_parser("memory", help="inspect an agent's memory (MemoryService)",
+                            description="inspect an agent's memory")
+    cmds = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND", parser_class=parser_class)
+
+    p = add_command(cmds, "list", _list, "live entries, oldest first", parents)
+    p.add_argument("agent")
+    p.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
+    p.add_argument("--all-validity", action="store_true", help="include entries outside their validity window")
+
+    p = add_command(cmds, "search", _search, "live entries matching every query token, newest first", parents)
+    p.add_argument("agent")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--strategy", choices=sorted(STRATEGIES))
+
+    p = add_command(cmds, "pin", _pin, "pin an entry (exit 4 when the pin is refused)", parents)
+    p.add_argument("agent")
+    p.add_argument("entry_id")
+
+    p = add_command(cmds, "topics", _topics, "the agent's topic index", parents)
+    p.add_argument("agent")
+
+
+def _kind(entry: pb.MemoryEntry) -> str:
+    name = pb.MemoryKind.Name(entry.kind)
+    return name.removeprefix("MEMORY_KIND_").lower() if entry.kind else "-"
+
+
+def _row(entry: pb.MemoryEntry) -> list[Any]:
+    created = entry.created_at.ToJsonString() if entry.HasField("created_at") else None
+    return [entry.id, _kind(entry), created, list(entry.about), clip(entry.content, 60)]
+
+
+_HEADERS = ["ID", "KIND", "CREATED", "ABOUT", "CONTENT"]
+
+
+async def _list(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    if args.limit < 0:
+        raise UsageError("--limit must be >= 0")
+    rows = []
+    count = 0
+    async for entry in fp.memory_list_all(args.agent, all_validity=args.all_validity):
+        if args.limit and count >= args.limit:
+            break
+        count += 1
+        if out.json:
+            out.line(message_dict(entry))
+        else:
+            rows.append(_row(entry))
+    if not out.json:
+        out.table(_HEADERS, rows)
+    return Exit.OK
+
+
+async def _search(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    res = await fp.memory_search(args.agent, args.query, limit=args.limit, strategy=args.strategy)
+    if out.json:
+        out.emit({"entries": [message_dict(e) for e in res.entries], "truncated": res.truncated})
+    else:
+        out.table(_HEADERS, [_row(e) for e in res.entries])
+        if res.truncated:
+            out.note("(truncated: raise --limit for more)")
+    return Exit.OK
+
+
+async def _pin(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    res = await fp.memory_pin(args.agent, args.entry_id)
+    doc = {"entry_id": args.entry_id, "pinned": res.pinned, "reason": res.reason, "bytes": res.bytes,
+           "blocking_id": res.blocking_id or None}
+    if res.pinned:
+        out.emit(doc, text=f"pinned {args.entry_id} ({res.bytes} bytes)")
+        return Exit.OK
+    text = f"not pinned: {res.reason}" + (f" (blocked by {res.blocking_id})" if res.blocking_id else "")
+    out.emit(doc, text=text)
+    return Exit.NOT_APPLIED
+
+
+async def _topics(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    topics = await fp.memory_topics(args.agent)
+    if out.json:
+        out.emit({"topics": [message_dict(t) for t in topics]})
+        return Exit.OK
+    rows = [[t.name, t.count, t.last_updated_at.ToJsonString() if t.HasField("last_updated_at") else None,
+             pb.MemoryTrust.Name(t.trust).removeprefix("MEMORY_TRUST_").lower() if t.trust else "-"]
+            for t in topics]
+    out.table(["TOPIC", "ENTRIES", "LAST UPDATED", "TRUST"], rows)
+    return Exit.OK

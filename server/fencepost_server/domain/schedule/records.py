@@ -1,0 +1,247 @@
+"""The `schedule/change` stream, version 1: record encoding, the strict
+decoder and the pure, incremental fold (spec/schedule.md).
+
+A schedule record is one ledger log record holding compact JSON:
+
+    {"record": {...}, "stream": "schedule/change"}
+
+with `record` one of
+
+    {"v": 1, "type": "create", "id": "rem_<n>", "kind": "after", "prompt": str,
+     "after_seconds": int, "scheduled_at": int}        # unix milliseconds, UTC
+    {"v": 1, "type": "delete", "id": "rem_<n>"}        # terminal
+    {"v": 1, "type": "dispatch", "id": "rem_<n>"}      # terminal
+
+Other records a runtime commits to the same log (anything that is not a JSON
+object tagged `"stream": "schedule/change"`) are not ours: the fold skips
+them. A record that *is* tagged but does not decode strictly (unknown
+version, unknown / missing / extra field, wrong type, a reused id, a delete
+or dispatch of an id that is not active) is **rejected**: it changes nothing
+and is reported (`Fold.rejected`), never silently dropped.
+
+Nothing here does I/O or reads a clock: `Fold` is a pure function of the
+(seq, bytes) records it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+
+STREAM = "schedule/change"
+VERSION = 1
+MAX_AFTER_SECONDS = 2**53 - 1  # the largest safe integer (JSON / JavaScript)
+ID_PREFIX = "rem_"
+
+_ID = re.compile(r"^rem_([1-9][0-9]{0,18})$")
+_ENVELOPE_KEYS = frozenset({"stream", "record"})
+_KEYS = {
+    "create": frozenset({"v", "type", "id", "kind", "prompt", "after_seconds", "scheduled_at"}),
+    "delete": frozenset({"v", "type", "id"}),
+    "dispatch": frozenset({"v", "type", "id"}),
+}
+_TAG = STREAM.encode()
+
+
+class RecordError(ValueError):
+    """A schedule record that does not decode (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    id: str
+    prompt: str
+    after_seconds: int
+    scheduled_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    id: str
+
+
+Change = Create | Delete | Dispatch
+
+
+def id_number(reminder_id: str) -> int | None:
+    """n of a well-formed `rem_<n>` (n >= 1, no leading zeros); else None."""
+    m = _ID.match(reminder_id) if isinstance(reminder_id, str) else None
+    return int(m.group(1)) if m else None
+
+
+def format_id(n: int) -> str:
+    return f"{ID_PREFIX}{n}"
+
+
+def is_safe_positive(value: object) -> bool:
+    return type(value) is int and 1 <= value <= MAX_AFTER_SECONDS
+
+
+# -- encoding ---------------------------------------------------------------------
+def encode(change: Change) -> bytes:
+    """The log record for a change (compact, sorted keys: deterministic)."""
+    if isinstance(change, Create):
+        record: dict[str, object] = {
+            "v": VERSION, "type": "create", "id": change.id, "kind": "after", "prompt": change.prompt,
+            "after_seconds": change.after_seconds, "scheduled_at": change.scheduled_at_ms,
+        }
+    elif isinstance(change, Delete):
+        record = {"v": VERSION, "type": "delete", "id": change.id}
+    else:
+        record = {"v": VERSION, "type": "dispatch", "id": change.id}
+    return json.dumps({"stream": STREAM, "record": record}, separators=(",", ":"), sort_keys=True,
+                      ensure_ascii=False).encode()
+
+
+# -- the strict decoder -------------------------------------------------------------
+def is_schedule_record(data: bytes) -> dict[str, object] | None:
+    """The parsed envelope when `data` is tagged as ours, else None (skip it)."""
+    if _TAG not in data:  # fast path: most records are the runtime's own
+        return None
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(obj, dict) and obj.get("stream") == STREAM:
+        return obj
+    return None
+
+
+def decode(envelope: dict[str, object]) -> Change:
+    """One tagged record, strictly: RecordError on anything but an exact
+    version-1 create / delete / dispatch. (Transitions are checked by the fold.)"""
+    extra = set(envelope) - _ENVELOPE_KEYS
+    if extra:
+        raise RecordError(f"unknown envelope field(s) {sorted(extra)}")
+    record = envelope.get("record")
+    if not isinstance(record, dict):
+        raise RecordError("the envelope has no `record` object")
+    v = record.get("v")
+    if type(v) is not int or v != VERSION:
+        raise RecordError(f"unsupported version {v!r} (only {VERSION} is understood)")
+    kind = record.get("type")
+    if not isinstance(kind, str) or kind not in _KEYS:
+        raise RecordError(f"unknown record type {kind!r}")
+    keys = set(record)
+    if keys != _KEYS[kind]:
+        missing, extra = sorted(_KEYS[kind] - keys), sorted(keys - _KEYS[kind])
+        raise RecordError(f"{kind} record fields: missing {missing}, unknown {extra}")
+    rid = record["id"]
+    if id_number(rid) is None:  # type: ignore[arg-type]
+        raise RecordError(f"malformed reminder id {rid!r}")
+    assert isinstance(rid, str)
+    if kind == "delete":
+        return Delete(rid)
+    if kind == "dispatch":
+        return Dispatch(rid)
+    if record["kind"] != "after":
+        raise RecordError(f"unsupported rule kind {record['kind']!r} (only 'after')")
+    prompt = record["prompt"]
+    if not isinstance(prompt, str) or not prompt or prompt != prompt.strip():
+        raise RecordError("prompt must be a non-empty trimmed string")
+    after = record["after_seconds"]
+    if not is_safe_positive(after):
+        raise RecordError(f"after_seconds {after!r} is not a positive safe integer")
+    at = record["scheduled_at"]
+    if type(at) is not int or at < 0:
+        raise RecordError(f"scheduled_at {at!r} is not a non-negative integer (unix ms)")
+    assert isinstance(after, int)
+    return Create(rid, prompt, after, at)
+
+
+# -- the fold ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Reminder:
+    """An active reminder: its create record and where it sits in the log."""
+
+    id: str
+    prompt: str
+    after_seconds: int
+    scheduled_at_ms: int
+    seq: int
+
+    def due(self, now_ms: int) -> bool:
+        return now_ms >= self.scheduled_at_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A tagged record the fold refused (it changed nothing)."""
+
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The reminders of one session after its log up to `seq`.
+
+    `seed_length` is the session's fork point (0 for a normal session): the
+    records at seq <= seed_length are the parent's. They are decoded only to
+    learn the ids they used (so the child never reuses one); none of them
+    makes, or ends, a reminder of this session. Immutable: `apply` returns a
+    new Fold, so a cached fold can be shared and advanced safely."""
+
+    seed_length: int = 0
+    seq: int = 0
+    active: dict[str, Reminder] = field(default_factory=dict)
+    used: frozenset[str] = frozenset()  # every id a create of this log named (never reused)
+    max_id: int = 0  # the highest id number any schedule record named
+    rejected: tuple[Rejected, ...] = ()
+
+    def next_id(self) -> str:
+        return format_id(self.max_id + 1)
+
+    def apply(self, records: list[tuple[int, bytes]]) -> Fold:
+        """Fold more records (seq order, all after `self.seq`)."""
+        active, used, max_id = dict(self.active), set(self.used), self.max_id
+        rejected = list(self.rejected)
+        seq = self.seq
+        for seq, data in records:
+            envelope = is_schedule_record(data)
+            if envelope is None:
+                continue
+            inherited = seq <= self.seed_length
+            try:
+                rec = envelope.get("record")
+                n = id_number(rec.get("id")) if isinstance(rec, dict) else None  # type: ignore[arg-type]
+                if n is not None:
+                    max_id = max(max_id, n)
+                change = decode(envelope)
+                if isinstance(change, Create):
+                    if change.id in used:
+                        raise RecordError(f"create reuses id {change.id}")
+                    used.add(change.id)
+                    if not inherited:
+                        active[change.id] = Reminder(
+                            change.id, change.prompt, change.after_seconds, change.scheduled_at_ms, seq
+                        )
+                elif inherited:
+                    pass  # the parent's transitions end the parent's reminders only
+                elif change.id not in active:
+                    verb = "delete" if isinstance(change, Delete) else "dispatch"
+                    raise RecordError(f"{verb} of {change.id}, which is not active")
+                else:
+                    del active[change.id]
+            except RecordError as exc:
+                if not inherited:
+                    rejected.append(Rejected(seq, str(exc)))
+        return replace(
+            self, seq=max(seq, self.seq), active=active, used=frozenset(used), max_id=max_id,
+            rejected=tuple(rejected),
+        )
+
+    def reminders(self) -> list[Reminder]:
+        """Active reminders in id order."""
+        return sorted(self.active.values(), key=lambda r: id_number(r.id) or 0)
+
+
+def fold(records: list[tuple[int, bytes]], seed_length: int = 0) -> Fold:
+    """The pure fold of a whole log."""
+    return Fold(seed_length=seed_length).apply(records)

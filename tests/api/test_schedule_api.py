@@ -1,0 +1,220 @@
+"""ScheduleService through a real server on loopback, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+import fencepost
+from fencepost import errors
+from fencepost_server.storage import Storage
+from fencepost_server.storage.sqlite import SqliteStorage
+from tests.conftest import running
+from tests.faults import FaultyStorage
+
+
+class FakeClock:
+    """An injectable wall clock that counts how often the server read it."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+    async def read_more(self, times: int = 3) -> None:
+        """Wait until the server has read the clock `times` more times."""
+        start = self.reads
+        while self.reads < start + times:
+            await asyncio.sleep(0.01)
+
+
+async def _held(c: fencepost.AsyncClient, key: str, holder: str = "A") -> tuple[str, int]:
+    sid = (await c.open_session("agent", key)).session_id
+    return sid, (await c.acquire_lease(sid, holder, ttl=60)).generation
+
+
+async def _take_over(c: fencepost.AsyncClient, sid: str, generation: int) -> int:
+    await c.release_lease(sid, generation, force=True)
+    return (await c.acquire_lease(sid, "B", ttl=60)).generation
+
+
+async def test_create_list_due_dispatch_and_fencing(storage: Storage) -> None:
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "s1")
+        made = await c.create_reminder(sid, gen, "  check the build  ", after_seconds=60)
+        assert (made.id, made.prompt, made.status, made.delivery_mode) == (
+            "rem_1", "check the build", "scheduled", "session-local")
+        assert made.scheduled_at == pytest.approx(clock.now + 60)
+        assert [(r.id, r.status) async for r in c.list_reminders(sid)] == [("rem_1", "scheduled")]
+        assert [r async for r in c.due_reminders(sid)] == []
+
+        clock.now -= 3600  # moved back: never due early
+        assert [r async for r in c.due_reminders(sid)] == []
+        clock.now += 3600 + 61  # moved forward past the target: overdue at once
+        assert [(r.id, r.status) async for r in c.list_reminders(sid)] == [("rem_1", "overdue")]
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_1"]
+
+        # the runtime's own records share the log and are skipped by the fold
+        head = (await c.get_session(sid)).seq
+        await c.commit(sid, gen, head, [b'{"stream":"chat/turn"}', b"\x00raw"])
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_1"]
+
+        # a fenced generation may not dispatch (nor create, nor delete)
+        new = await _take_over(c, sid, gen)
+        with pytest.raises(errors.LeaseFenced):
+            await c.dispatch_reminder(sid, gen, "rem_1")
+        with pytest.raises(errors.LeaseFenced):
+            await c.create_reminder(sid, gen, "late", after_seconds=1)
+        with pytest.raises(errors.LeaseFenced):
+            await c.delete_reminder(sid, gen, "rem_9")  # even when there is nothing to write
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_1"]
+
+        assert await c.dispatch_reminder(sid, new, "rem_1") is True
+        assert await c.dispatch_reminder(sid, new, "rem_1") is False  # terminal
+        assert [r async for r in c.due_reminders(sid)] == []
+        assert [r async for r in c.list_reminders(sid)] == []
+
+
+async def test_rules_and_input_are_validated(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "s2")
+        for rule in ({"at": time.time() + 60}, {"every_seconds": 60}, {"cron": "* * * * *"}):
+            with pytest.raises(errors.RuleUnsupported) as exc:
+                await c.create_reminder(sid, gen, "p", **rule)  # type: ignore[arg-type]
+            assert exc.value.metadata["rule"] == next(iter(rule))
+        with pytest.raises(errors.RuleUnsupported):
+            await c.create_reminder(sid, gen, "p", after_seconds=5, time_zone="Europe/Paris")
+        for bad in ({"after_seconds": 0}, {"after_seconds": -1}, {"after_seconds": 2**53}, {}):
+            with pytest.raises(errors.ReminderInvalid):
+                await c.create_reminder(sid, gen, "p", **bad)  # type: ignore[arg-type]
+        with pytest.raises(errors.ReminderInvalid):
+            await c.create_reminder(sid, gen, " \n\t ", after_seconds=5)
+        for bad_id in ("", "rem_0", "rem_01", "1", "rem_x", "rem_1 "):
+            with pytest.raises(errors.ReminderInvalid):
+                await c.delete_reminder(sid, gen, bad_id)
+        assert (await c.get_session(sid)).seq == 0  # nothing was written
+        far = await c.create_reminder(sid, gen, "far", after_seconds=2**53 - 1)
+        assert far.status == "scheduled"
+        assert await c.delete_reminder(sid, gen, far.id) is True
+        assert await c.delete_reminder(sid, gen, far.id) is False
+        assert (await c.create_reminder(sid, gen, "next", after_seconds=1)).id == "rem_2"  # never reused
+
+
+async def test_concurrent_writes_by_the_holder_each_land(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=20) as c:
+        sid, gen = await _held(c, "s3")
+        made = await asyncio.gather(*(c.create_reminder(sid, gen, f"p{i}", after_seconds=600) for i in range(4)))
+        assert sorted(r.id for r in made) == ["rem_1", "rem_2", "rem_3", "rem_4"]
+        assert sorted({r.seq for r in made}) == [1, 2, 3, 4]
+        page = await c.list_reminders_page(sid, page_size=3)
+        rest = await c.list_reminders_page(sid, page_size=3, page_token=page.next_page_token)
+        assert [r.id for r in page.reminders + rest.reminders] == ["rem_1", "rem_2", "rem_3", "rem_4"]
+        assert rest.next_page_token == ""
+
+
+async def test_fork_does_not_inherit_active_reminders(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "parent")
+        await c.create_reminder(sid, gen, "parent's", after_seconds=1)
+        child = await c.fork(sid, 1, "child")
+        assert [r async for r in c.list_reminders(child.session_id)] == []
+        cgen = (await c.acquire_lease(child.session_id, "C", ttl=60)).generation
+        assert await c.dispatch_reminder(child.session_id, cgen, "rem_1") is False
+        mine = await c.create_reminder(child.session_id, cgen, "child's", after_seconds=1)
+        assert mine.id == "rem_2"  # ids are not reused across the inherited prefix either
+        assert [r.id async for r in c.list_reminders(sid)] == ["rem_1"]
+
+
+async def test_malformed_schedule_records_are_reported(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "s4")
+        await c.create_reminder(sid, gen, "p", after_seconds=1)
+        bad = b'{"record":{"v":2,"type":"dispatch","id":"rem_1"},"stream":"schedule/change"}'
+        await c.commit(sid, gen, 1, [bad])
+        page = await c.list_reminders_page(sid)
+        assert [r.id for r in page.reminders] == ["rem_1"]
+        assert [(x.seq, "version" in x.reason) for x in page.rejected] == [(2, True)]
+
+
+async def test_restart_keeps_an_overdue_reminder_due_exactly_once(tmp_path: Path) -> None:
+    path = tmp_path / "schedule.db"
+    clock = FakeClock()
+    async with running(SqliteStorage(path, synchronous="FULL"), schedule_clock=clock) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "restart")
+        await c.create_reminder(sid, gen, "wake up", after_seconds=30)
+        await c.create_reminder(sid, gen, "later", after_seconds=3600)
+    clock.now += 31  # the target passes while the process is down
+    async with running(SqliteStorage(path, synchronous="FULL"), schedule_clock=clock) as srv, \
+            srv.client(timeout=10) as c:
+        due = [r async for r in c.due_reminders(sid)]
+        assert [(r.id, r.prompt, r.status) for r in due] == [("rem_1", "wake up", "overdue")]
+        gen = (await c.acquire_lease(sid, "A", ttl=60)).generation  # the restarted holder: a new generation
+        assert await c.dispatch_reminder(sid, gen, "rem_1") is True
+    async with running(SqliteStorage(path, synchronous="FULL"), schedule_clock=clock) as srv, \
+            srv.client(timeout=10) as c:
+        assert [r async for r in c.due_reminders(sid)] == []
+        assert [r.id async for r in c.list_reminders(sid)] == ["rem_2"]
+
+
+async def test_watch_due_follows_the_clock_and_ends_on_takeover(storage: Storage) -> None:
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "watch")
+        await c.create_reminder(sid, gen, "soon", after_seconds=30)
+        seen: list[fencepost.Reminder] = []
+        ended: list[BaseException] = []
+
+        async def watch() -> None:
+            try:
+                async for r in c.watch_due(sid, gen):
+                    seen.append(r)
+            except errors.LeaseFenced as exc:
+                ended.append(exc)
+
+        task = asyncio.create_task(watch())
+        await clock.read_more(5)
+        clock.now -= 3600  # moved back: still not due
+        await clock.read_more(5)
+        assert seen == []
+        clock.now += 3600 + 30  # exactly at the target
+        while not seen:
+            await asyncio.sleep(0.01)
+        assert [(r.id, r.status) for r in seen] == [("rem_1", "overdue")]
+        # pushed once per stream, not again on later wakes (until dispatched)
+        await clock.read_more(5)
+        assert len(seen) == 1
+        await _take_over(c, sid, gen)
+        await asyncio.wait_for(task, 10)
+        assert len(ended) == 1 and len(seen) == 1
+
+
+async def test_watch_due_with_the_real_clock(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "real")
+        made = await c.create_reminder(sid, gen, "one second", after_seconds=1)
+        async for r in c.watch_due(sid, gen):
+            assert time.time() >= made.scheduled_at  # never early (an ordering, not a duration)
+            assert (r.id, r.status) == ("rem_1", "overdue")
+            break
+        assert await c.dispatch_reminder(sid, gen, r.id) is True
+
+
+async def test_unknown_durability_answers_persistence_uncertain(storage: Storage) -> None:
+    faulty = FaultyStorage(storage, 1, fail=0.0, timeout=0.0, lose=1.0, only={"transact"})
+    faulty.armed = False
+    async with running(faulty) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "uncertain")
+        faulty.armed = True  # the commit applies, its response is lost
+        with pytest.raises(errors.PersistenceUncertain):
+            await c.create_reminder(sid, gen, "maybe", after_seconds=60)
+        faulty.armed = False
+        assert [r.prompt async for r in c.list_reminders(sid)] == ["maybe"]  # how the caller learns it landed
