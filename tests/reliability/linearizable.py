@@ -181,5 +181,6 @@ def describe(ops: Sequence[Op]) -> str:
         if op.kind not in (GET, PUT, DELETE) and res is not None:
             res = (res.applied, res.version)
         args = {k: v for k, v in op.args.items() if k != "key"}
-        return f"{op.process} {op.kind}{args} -> {op.status} {res} [{op.invoke:.4f}, {op.complete:.4f}]"
+        error = f" ({op.error})" if op.error is not None else ""
+        return f"{op.process} {op.kind}{args} -> {op.status} {res}{error} [{op.invoke:.4f}, {op.complete:.4f}]"
     return "\n".join(show(op) for op in sorted(ops, key=lambda o: o.invoke))

@@ -1,6 +1,6 @@
-"""Defects the reliability suite found, reproduced deterministically. Each is
-a strict xfail: when the server is fixed it XPASSes (and fails), and the
-suite's allowance for it (checks.CheckReport.known) should go."""
+"""Defects the reliability suite found, reproduced deterministically (now
+regression tests): both are about a conditional KV write retried with its
+request id after its first attempt was applied and the response lost."""
 
 from __future__ import annotations
 
@@ -15,16 +15,30 @@ from fencepost_server.storage.memory import MemoryStorage
 from tests.faults import FaultyStorage
 
 
-@pytest.mark.xfail(strict=True, reason="KV request-id replay reports the key's current version, not the first outcome's")
+def _kv_losing_first_response() -> KvStore:
+    faulty = FaultyStorage(MemoryStorage(), seed=0, fail=0, timeout=0, lose=0, schedule={0: "lose"})
+    return KvStore(faulty, Limits(), RequestLog(faulty))
+
+
 async def test_a_replayed_conditional_write_reports_its_own_version() -> None:
-    inner = MemoryStorage()
-    faulty = FaultyStorage(inner, seed=0, fail=0, timeout=0, lose=0, schedule={0: "lose"})
-    kv = KvStore(faulty, Limits(), RequestLog(faulty))
+    """Found first: the replay reported the key's current version (a later
+    writer's); fixed on main by recording the versions in the marker."""
+    kv = _kv_losing_first_response()
     with pytest.raises(PersistenceUncertain):
         await kv.put_if_absent("t", "k", b"mine", request_id="r1")  # applied; the response is lost
     mine = (await kv.get("t", "k")).version  # type: ignore[union-attr]
-    later = await kv.put_if_version("t", "k", b"theirs", mine, request_id="r2")  # another writer
-    assert later.applied
+    assert (await kv.put_if_version("t", "k", b"theirs", mine, request_id="r2")).applied  # another writer
     replay = await kv.put_if_absent("t", "k", b"mine", request_id="r1")  # the SDK's retry
+    assert replay.applied and replay.version == mine
+
+
+@pytest.mark.parametrize("n", range(64))
+async def test_an_honest_retry_is_never_taken_for_a_reused_request_id(n: int) -> None:
+    """Found after that fix: the marker is fingerprint + b"\\n" + JSON and the
+    32-byte binary fingerprint holds a newline about 12% of the time, so
+    splitting at the first newline called a retry REQUEST_ID_REUSED."""
+    kv = _kv_losing_first_response()
+    with pytest.raises(PersistenceUncertain):
+        await kv.put_if_absent("t", f"k{n}", f"v{n}".encode(), request_id="r")
+    replay = await kv.put_if_absent("t", f"k{n}", f"v{n}".encode(), request_id="r")
     assert replay.applied
-    assert replay.version == mine, f"replay reported {replay.version} (the later write's), not {mine}"
