@@ -39,6 +39,11 @@ test: check
 bench: setup
 	$(PY) -m bench $(ARGS)
 
+## Reliability suite, long profile: faults at every backend call, kill -9
+## restarts, history checks; prints a figures table (sqlite + DynamoDB emulator).
+reliability: setup
+	FENCEPOST_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider tests/reliability $(ARGS)
+
 clean:
 	rm -rf $(VENV) .fencepost .pytest_cache
 

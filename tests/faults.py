@@ -6,7 +6,15 @@ from a seeded RNG, to
 - time out: the call is applied or not (a coin flip), then `PersistenceUncertain`;
 - apply but lose the response: the call is applied, then `PersistenceUncertain`.
 Reads only ever fail before the call. `armed = False` turns faults off (e.g.
-to check the final state); `injected` counts what was injected by kind.
+to check the final state); `injected` counts what was injected by kind,
+`injected_by_call` by (kind, call name), `calls` every call by name.
+
+`schedule={step: kind}` injects `kind` ("fail" / "timeout" / "lose") at the
+chosen 0-based call step (counted over every call, armed or not), on top of
+(or, with the rates at 0, instead of) the random faults. A scheduled
+"timeout" or "lose" on a read drops the response after the call.
+`cover_each=n` faults the first n armed calls of every call name (cycling
+fail, timeout, lose; reads fail), so even a rarely made call gets each kind.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ class FaultyStorage(Storage):
         timeout: float = 0.05,
         lose: float = 0.05,
         only: set[str] | None = None,
+        schedule: dict[int, str] | None = None,
+        cover_each: int = 0,
     ) -> None:
         self.inner = inner
         self.rng = random.Random(seed)
@@ -39,32 +49,69 @@ class FaultyStorage(Storage):
         self.only = only
         self.armed = True
         self.injected: Counter[str] = Counter()
+        self.injected_by_call: Counter[tuple[str, str]] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.schedule = dict(schedule or {})
+        self.step = 0
+        self.cover_each = cover_each
+        self.armed_calls: Counter[str] = Counter()
+
+    def _count(self, kind: str, name: str) -> None:
+        self.injected[kind] += 1
+        self.injected_by_call[(kind, name)] += 1
+
+    def _scheduled(self, name: str) -> str | None:
+        """The fault chosen for this call step, if any (counts the step)."""
+        step, self.step = self.step, self.step + 1
+        self.calls[name] += 1
+        if not self.armed:
+            return None
+        nth = self.armed_calls[name]
+        self.armed_calls[name] += 1
+        if nth < self.cover_each:
+            return ("fail", "timeout", "lose")[nth % 3]
+        return self.schedule.get(step)
 
     async def _read(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
-        if self.armed and (self.only is None or name in self.only) and self.rng.random() < self.fail:
-            self.injected["fail"] += 1
+        chosen = self._scheduled(name)
+        if chosen == "fail" or (
+            chosen is None and self.armed and (self.only is None or name in self.only) and self.rng.random() < self.fail
+        ):
+            self._count("fail", name)
             raise BackendUnavailable(f"injected failure before {name}")
+        if chosen in ("timeout", "lose"):
+            self._count(chosen, name)
+            await call()
+            raise BackendUnavailable(f"injected {chosen} after {name}")
         return await call()
 
     async def _write(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
-        if not self.armed or (self.only is not None and name not in self.only):
-            return await call()
-        roll = self.rng.random()
-        if roll < self.fail:
-            self.injected["fail"] += 1
+        chosen = self._scheduled(name)
+        if chosen is None:
+            if not self.armed or (self.only is not None and name not in self.only):
+                return await call()
+            chosen = self._roll()
+        if chosen == "fail":
+            self._count("fail", name)
             raise BackendUnavailable(f"injected failure before {name}")
-        roll -= self.fail
-        if roll < self.timeout:
-            self.injected["timeout"] += 1
+        if chosen == "timeout":
+            self._count("timeout", name)
             if self.rng.random() < 0.5:
                 await call()
             raise PersistenceUncertain(f"injected timeout in {name}")
-        roll -= self.timeout
-        if roll < self.lose:
-            self.injected["lose"] += 1
+        if chosen == "lose":
+            self._count("lose", name)
             await call()
             raise PersistenceUncertain(f"injected lost response of {name}")
         return await call()
+
+    def _roll(self) -> str | None:
+        roll = self.rng.random()
+        for kind, rate in (("fail", self.fail), ("timeout", self.timeout), ("lose", self.lose)):
+            if roll < rate:
+                return kind
+            roll -= rate
+        return None
 
     async def get(self, key: str) -> Item | None:
         return await self._read("get", lambda: self.inner.get(key))

@@ -81,7 +81,8 @@ class RequestLog:
         for key in (current, previous):
             found = await self.storage.get(key)
             if found is not None:
-                first_fp, _, first = found.value.partition(_SEP)
+                # rpartition: the JSON never holds a raw newline, a binary fingerprint may
+                first_fp, _, first = found.value.rpartition(_SEP)
                 if first_fp != fingerprint:
                     raise InvalidArgument(
                         reasons.REQUEST_ID_REUSED,
