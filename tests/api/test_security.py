@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -210,3 +211,41 @@ def test_metrics_move_and_logs_never_carry_tokens_or_payloads(tmp_path: Path) ->
     assert any(line.get("method") == "Kv/Put" for line in lines), logs[:2000]
     for needle in ("token-tenant-a", "token-not-valid", secret_payload.decode()):
         assert needle not in logs
+
+
+async def test_health_follows_the_backend_probe() -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from fencepost_server.storage import BackendUnavailable
+
+    class Flaky(MemoryStorage):
+        down = False
+
+        async def ping(self) -> None:
+            if self.down:
+                raise BackendUnavailable("probe refused")
+
+    backend = Flaky()
+    app = App(Settings(listen="127.0.0.1:0", health_probe_seconds=0.05), storage=backend)
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def status() -> int:
+                return (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status
+
+            async def wait_for(want: int) -> None:
+                for _ in range(200):
+                    if await status() == want:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"health never became {want}")
+
+            assert await status() == health_pb2.HealthCheckResponse.SERVING
+            backend.down = True
+            await wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)
+            backend.down = False
+            await wait_for(health_pb2.HealthCheckResponse.SERVING)
+    finally:
+        await app.stop(grace=0.2)
