@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -147,3 +147,18 @@ def _pairs(md: Metadata | None) -> list[tuple[str, str]]:
     if isinstance(md, Mapping):
         return list(md.items())
     return list(md)
+
+
+T = TypeVar("T")
+
+
+async def paged(fetch: Callable[[str], Awaitable[tuple[Iterable[T], str]]]) -> AsyncIterator[T]:
+    """Every item of an AIP-158 listing: `fetch(page_token)` returns one page
+    and the next token; the empty token is the only end signal."""
+    token = ""
+    while True:
+        items, token = await fetch(token)
+        for item in items:
+            yield item
+        if not token:
+            return

@@ -9,6 +9,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from ._call import paged
 from .v1 import evals_pb2, evals_pb2_grpc
 
 
@@ -102,15 +103,10 @@ class EvalMethods:
         self, agent: str, *, page_size: int = 0, history_window: int = 0, **opts: Any
     ) -> AsyncIterator[EvalRun]:
         """Every stored run of `agent` (after pruning past the history window)."""
-        token = ""
-        while True:
-            runs, token = await self.list_eval_runs_page(
-                agent, page_size=page_size, page_token=token, history_window=history_window, **opts
-            )
-            for run in runs:
-                yield run
-            if not token:
-                return
+        async for run in paged(lambda token: self.list_eval_runs_page(
+            agent, page_size=page_size, page_token=token, history_window=history_window, **opts
+        )):
+            yield run
 
     async def put_ab_sample(
         self,
@@ -146,15 +142,10 @@ class EvalMethods:
         self, agent: str, experiment: str, *, session_id: str = "", page_size: int = 0, **opts: Any
     ) -> AsyncIterator[AbSample]:
         """Every sample of `experiment` (optionally of one session), page by page."""
-        token = ""
-        while True:
-            samples, token = await self.list_ab_samples_page(
-                agent, experiment, session_id=session_id, page_size=page_size, page_token=token, **opts
-            )
-            for sample in samples:
-                yield sample
-            if not token:
-                return
+        async for sample in paged(lambda token: self.list_ab_samples_page(
+            agent, experiment, session_id=session_id, page_size=page_size, page_token=token, **opts
+        )):
+            yield sample
 
     async def put_ab_snapshot(
         self, agent: str, snapshot: Mapping[str, Any], *, request_id: str = "", **opts: Any

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ._call import paged
 from .journal import MAX_RECORD_BYTES, check_record_size, record_from_dict
 from .v1 import journal_pb2, journal_pb2_grpc, store_api_pb2, store_api_pb2_grpc
 
@@ -87,13 +88,10 @@ class JournalMethods:
 
     async def list_archives(self, agent: str, *, page_size: int = 0, **opts: Any) -> AsyncIterator[ArchiveEntry]:
         """Every rotated journal of `agent`, oldest first."""
-        token = ""
-        while True:
-            page, token = await self.list_archives_page(agent, page_size=page_size, page_token=token, **opts)
-            for entry in page:
-                yield entry
-            if not token:
-                return
+        async for entry in paged(lambda token: self.list_archives_page(
+            agent, page_size=page_size, page_token=token, **opts
+        )):
+            yield entry
 
     async def read_archive(self, agent: str, name: str, **opts: Any) -> JournalContent:
         """One rotated journal (ArchiveNotFound when there is none of that name)."""

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._call import paged
 from .v1 import kv_pb2, kv_pb2_grpc
 
 
@@ -117,13 +118,10 @@ class KvMethods:
 
     async def list(self, prefix: str = "", *, page_size: int = 0, **opts: Any) -> AsyncIterator[Entry]:
         """Every entry under `prefix`, in key order, fetched page by page."""
-        token = ""
-        while True:
-            entries, token = await self.list_page(prefix, page_size=page_size, page_token=token, **opts)
-            for entry in entries:
-                yield entry
-            if not token:
-                return
+        async for entry in paged(lambda token: self.list_page(
+            prefix, page_size=page_size, page_token=token, **opts
+        )):
+            yield entry
 
     async def list_keys_page(
         self, prefix: str = "", *, page_size: int = 0, page_token: str = "", **opts: Any
@@ -133,13 +131,10 @@ class KvMethods:
         return list(res.keys), res.next_page_token
 
     async def list_keys(self, prefix: str = "", *, page_size: int = 0, **opts: Any) -> AsyncIterator[str]:
-        token = ""
-        while True:
-            keys, token = await self.list_keys_page(prefix, page_size=page_size, page_token=token, **opts)
-            for key in keys:
-                yield key
-            if not token:
-                return
+        async for key in paged(lambda token: self.list_keys_page(
+            prefix, page_size=page_size, page_token=token, **opts
+        )):
+            yield key
 
     async def txn(
         self,

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2
 
+from ._call import paged
 from .errors import LeaseFenced
 from .v1 import ledger_pb2 as pb
 from .v1 import ledger_pb2_grpc
@@ -160,16 +161,11 @@ class LedgerMethods:
         page_size: int = 0, **opts: Any,
     ) -> AsyncIterator[SessionSummary]:
         """Recent sessions, newest activity first, within the restore caps."""
-        token = ""
-        while True:
-            page, token = await self.list_sessions_page(
-                agent, max_sessions=max_sessions, max_age=max_age, max_total_bytes=max_total_bytes,
-                page_size=page_size, page_token=token, **opts,
-            )
-            for s in page:
-                yield s
-            if not token:
-                return
+        async for s in paged(lambda token: self.list_sessions_page(
+            agent, max_sessions=max_sessions, max_age=max_age, max_total_bytes=max_total_bytes,
+            page_size=page_size, page_token=token, **opts,
+        )):
+            yield s
 
     async def fork(self, parent_session_id: str, at_seq: int, child_session_key: str, **opts: Any) -> SessionInfo:
         req = pb.ForkRequest(parent_session_id=parent_session_id, at_seq=at_seq, child_session_key=child_session_key)
@@ -251,15 +247,13 @@ class LedgerMethods:
 
     async def list_inbox(self, session_id: str, *, page_size: int = 0, **opts: Any) -> AsyncIterator[InboxEvent]:
         """Pending events in arrival order."""
-        token = ""
-        while True:
+        async def page(token: str) -> tuple[list[InboxEvent], str]:
             req = pb.ListInboxRequest(session_id=session_id, page_size=page_size, page_token=token)
             res = await self._caller.call(self._ledger.ListInbox, req, safe=True, **opts)
-            for e in res.events:
-                yield _event(e)
-            token = res.next_page_token
-            if not token:
-                return
+            return [_event(e) for e in res.events], res.next_page_token
+
+        async for event in paged(page):
+            yield event
 
     async def watch_inbox(self, session_id: str, generation: int, **opts: Any) -> AsyncIterator[InboxEvent]:
         """Backlog, then each new event; raises LeaseFenced when the lease is lost."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from ._call import paged
 from .v1 import memory_pb2 as pb
 from .v1 import memory_pb2_grpc
 
@@ -91,16 +92,13 @@ class MemoryMethods:
         self, agent_id: str, *, all_validity: bool = False, page_size: int = 0, **opts: Any
     ) -> AsyncIterator[pb.MemoryEntry]:
         """Every live entry, oldest first, fetched page by page."""
-        token = ""
-        while True:
-            res = await self.memory_list(
-                agent_id, all_validity=all_validity, page_size=page_size, page_token=token, **opts
-            )
-            for entry in res.entries:
-                yield entry
-            token = res.next_page_token
-            if not token:
-                return
+        async def page(token: str) -> tuple[list[pb.MemoryEntry], str]:
+            res = await self.memory_list(agent_id, all_validity=all_validity, page_size=page_size,
+                                         page_token=token, **opts)
+            return list(res.entries), res.next_page_token
+
+        async for entry in paged(page):
+            yield entry
 
     async def memory_search(
         self, agent_id: str, query: str, *, limit: int = 0, strategy: str | None = None, **opts: Any

@@ -8,6 +8,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from ._call import paged
 from .v1 import schedule_pb2 as pb
 from .v1 import schedule_pb2_grpc
 
@@ -113,25 +114,19 @@ class ScheduleMethods:
 
     async def list_reminders(self, session_id: str, *, page_size: int = 0, **opts: Any) -> AsyncIterator[Reminder]:
         """Active reminders in id order, with their derived status."""
-        token = ""
-        while True:
-            page = await self.list_reminders_page(session_id, page_size=page_size, page_token=token, **opts)
-            for r in page.reminders:
-                yield r
-            token = page.next_page_token
-            if not token:
-                return
+        async for r in paged(lambda token: self._reminders(session_id, False, page_size, token, **opts)):
+            yield r
 
     async def due_reminders(self, session_id: str, *, page_size: int = 0, **opts: Any) -> AsyncIterator[Reminder]:
         """Active reminders whose target has passed by the server's clock."""
-        token = ""
-        while True:
-            page = await self.list_reminders_page(session_id, due=True, page_size=page_size, page_token=token, **opts)
-            for r in page.reminders:
-                yield r
-            token = page.next_page_token
-            if not token:
-                return
+        async for r in paged(lambda token: self._reminders(session_id, True, page_size, token, **opts)):
+            yield r
+
+    async def _reminders(
+        self, session_id: str, due: bool, page_size: int, token: str, **opts: Any
+    ) -> tuple[list[Reminder], str]:
+        page = await self.list_reminders_page(session_id, due=due, page_size=page_size, page_token=token, **opts)
+        return list(page.reminders), page.next_page_token
 
     async def dispatch_reminder(self, session_id: str, generation: int, reminder_id: str, **opts: Any) -> bool:
         """Record that the follow-up turn was queued. False when the id was not
