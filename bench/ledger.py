@@ -1,5 +1,6 @@
 """Ledger benchmarks: RPC throughput through a real server on loopback, and
-backend calls per RPC counted with CountingStorage.
+backend calls per RPC counted with CountingStorage (on DynamoDB also the
+HTTP requests sent, by operation).
 
     python -m bench.ledger            (or through `make bench`: run(report))
 """
@@ -10,6 +11,7 @@ import asyncio
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,10 @@ from fencepost_server.app import App
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
 from fencepost_server.storage.counting import CountingStorage
+from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.memory import MemoryStorage
 from fencepost_server.storage.sqlite import SqliteStorage
+from tests.dynamo_support import REGION, moto_endpoint, unique_table
 
 Report = Callable[..., None]
 SECONDS = 1.5
@@ -85,16 +89,24 @@ async def _costs(report: Report, backend: str, storage: Storage) -> None:
     counting = CountingStorage(storage)
     app = await _serve(counting)
     n = 50
+    sent: Counter[str] = Counter()
+    if isinstance(storage, DynamoStorage):
+        def before_send(**kwargs: Any) -> None:
+            sent[kwargs["event_name"].rsplit(".", 1)[-1]] += 1
+
+        (await storage.client()).meta.events.register("before-send.dynamodb", before_send)
     try:
         async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", timeout=30) as c:
             sids = [(await c.open_session("cost", f"{uuid.uuid4().hex}")).session_id for _ in range(n)]
 
             async def per_rpc(fn: Callable[[str], Awaitable[Any]]) -> dict[str, float]:
                 counting.reset()
+                sent.clear()
                 for sid in sids:
                     await fn(sid)
                 calls = {k: v / n for k, v in counting.calls.items()}
                 calls["total"] = counting.total() / n
+                calls.update({f"http.{k}": v / n for k, v in sent.items()})
                 return calls
 
             acquire = await per_rpc(lambda s: c.acquire_lease(s, "h", ttl=60))
@@ -123,6 +135,12 @@ async def run(report: Report) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         await _costs(report, "memory", MemoryStorage())
         await _costs(report, "sqlite", SqliteStorage(Path(tmp) / "cost.db"))
+        dynamo = DynamoStorage(unique_table(), endpoint_url=moto_endpoint(), region=REGION)
+        try:
+            await dynamo.create_table()
+            await _costs(report, "dynamodb", dynamo)
+        finally:
+            await dynamo.close()
         await _throughput(report, "memory", MemoryStorage())
         await _throughput(report, "sqlite", SqliteStorage(Path(tmp) / "bench.db"))
 

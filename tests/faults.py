@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fencepost_server.storage import BackendUnavailable, PersistenceUncertain, Storage
-from fencepost_server.storage.base import CasResult, Check, Item, TxnResult, Write
+from fencepost_server.storage.base import CasResult, Check, CountKeys, Item, TxnResult, Write
 
 T = TypeVar("T")
 
@@ -140,8 +140,10 @@ class FaultyStorage(Storage):
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
         return await self._write("delete_if_version", lambda: self.inner.delete_if_version(key, expected))
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
-        return await self._write("transact", lambda: self.inner.transact(checks, writes))
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
+        return await self._write("transact", lambda: self.inner.transact(checks, writes, count))
 
     async def ping(self) -> None:
         await self.inner.ping()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from fencepost_server.storage import CasResult, Check, Item, Storage, TxnResult, Write
+from fencepost_server.storage import CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
 
 T = TypeVar("T")
 
@@ -67,8 +67,10 @@ class KillAt(Storage):
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
         return await self._run("delete_if_version", lambda: self.inner.delete_if_version(key, expected))
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
-        return await self._run("transact", lambda: self.inner.transact(checks, writes))
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
+        return await self._run("transact", lambda: self.inner.transact(checks, writes, count))
 
     async def close(self) -> None:  # the inner backend belongs to the test fixture
         pass

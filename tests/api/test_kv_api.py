@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import grpc
 import pytest
@@ -11,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import fencepost
 from fencepost import errors
-from fencepost_server.storage import BackendUnavailable, Check, Item, Storage, TxnResult, Write
+from fencepost_server.storage import BackendUnavailable, Item, Storage, TxnResult
 from tests.conftest import running
 
 
@@ -171,7 +170,7 @@ class _Down(Storage):
 
     put = delete = list = list_keys = put_if_absent = put_if_version = delete_if_version = _fail  # type: ignore[assignment]
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+    async def transact(self, *_: object) -> TxnResult:
         raise BackendUnavailable("connection refused")
 
 

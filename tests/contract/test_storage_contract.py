@@ -9,6 +9,7 @@ import pytest
 from fencepost_server.storage import (
     MAX_TXN_OPS,
     Check,
+    CountKeys,
     Delete,
     Expect,
     InvalidTransaction,
@@ -153,6 +154,25 @@ async def test_transact_value_and_absence_conditions(storage: Storage) -> None:
     bad = await storage.transact([Check("t/gen", Expect(value=b"8"))], [Put("t/x", b"2")])
     assert not bad.applied and bad.failed == (0,)
     assert (await storage.get("t/x")).value == b"1"  # type: ignore[union-attr]
+
+
+async def test_transact_counts_a_prefix_as_its_writes_left_it(storage: Storage) -> None:
+    for name in ("a", "b", "c"):
+        await storage.put(f"in/{name}", b"")
+    await storage.put("in-other", b"")  # shares the characters, not the prefix
+    res = await storage.transact(
+        [], [Delete("in/a", Expect(exists=True)), Put("in/d", b""), Put("elsewhere", b"")], CountKeys("in/")
+    )
+    assert res.applied and res.count == 3  # b, c, d
+    capped = await storage.transact([], [Put("in/e", b"")], CountKeys("in/", limit=2))
+    assert capped.count == 2
+    # checks only, and a prefix with nothing under it
+    assert (await storage.transact([Check("in/b", Expect(exists=True))], [], CountKeys("in/"))).count == 4
+    assert (await storage.transact([], [Put("x", b"")], CountKeys("none/"))).count == 0
+    # not asked, or not applied: no count
+    assert (await storage.transact([], [Put("y", b"")])).count is None
+    failed = await storage.transact([Check("in/a", Expect(exists=True))], [Put("z", b"")], CountKeys("in/"))
+    assert not failed.applied and failed.count is None
 
 
 async def test_transact_refuses_oversized_or_duplicate(storage: Storage) -> None:

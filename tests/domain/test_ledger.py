@@ -317,8 +317,14 @@ async def test_cost_targets(storage: Storage) -> None:
     d = await ledger.deliver(T, session_id=sid, payload=b"e")
     assert dict(counting.calls) == {"transact": 1}
     counting.reset()
-    await ledger.commit(T, sid, g, 0, [b"r"], [d.inbox_id], commit_id="c")
-    assert counting.calls["transact"] == 1 and counting.calls["get"] == 0
+    extra = await ledger.deliver(T, session_id=sid, payload=b"later")
+    counting.reset()
+    done = await ledger.commit(T, sid, g, 0, [b"r"], [d.inbox_id], commit_id="c")
+    assert dict(counting.calls) == {"transact": 1}  # the pending count rides on the write
+    assert done.pending == 1
+    counting.reset()
+    done = await ledger.commit(T, sid, g, 1, [b"r2"], [extra.inbox_id])
+    assert dict(counting.calls) == {"transact": 1} and done.pending == 0
     await ledger.release(T, sid, g)
     counting.reset()
     d2 = await ledger.deliver(T, session_id=sid, payload=b"e", try_lease="B")

@@ -13,6 +13,7 @@ from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.requests import RequestLog
 from fencepost_server.storage import (
     Check,
+    CountKeys,
     Expect,
     PersistenceUncertain,
     Put,
@@ -30,8 +31,10 @@ class LoseNextResponse(ObservedStorage):
         super().__init__(inner, lambda *_: None)
         self.armed = False
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
-        result = await self.inner.transact(checks, writes)
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
+        result = await self.inner.transact(checks, writes, count)
         if self.armed and result.applied:
             self.armed = False
             raise PersistenceUncertain("response lost after the write was applied")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fencepost_server.domain.ledger import Ledger
 from fencepost_server.storage import Check, Expect, Put
 from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.memory import MemoryStorage
@@ -92,6 +93,20 @@ WALK_KEYS = [
     "t/sys/x", "u/kv/é", "u/kv/😀", "#/req/0001/t/h1", "#/req/0001/u/h2", "#/req/0002/t/h3",
     "#/pending/03/s1", "#/x",
 ]
+
+
+async def test_ledger_commit_is_one_transaction_and_one_count_query(dynamo: DynamoStorage) -> None:
+    """TransactWriteItems returns no data, so the pending count a commit
+    reports is a keys-only Query sent alongside: two requests, one round trip."""
+    ledger = Ledger(dynamo)
+    sid = (await ledger.open("t", "agent", "s"))[0].session_id
+    g = (await ledger.acquire("t", sid, "A", ttl=60)).generation
+    first = await ledger.deliver("t", session_id=sid, payload=b"1")
+    await ledger.deliver("t", session_id=sid, payload=b"2")
+    sent = await count_requests(dynamo)
+    done = await ledger.commit("t", sid, g, 0, [b"r"], [first.inbox_id], commit_id="c")
+    assert done.pending == 1
+    assert dict(sent) == {"TransactWriteItems": 1, "Query": 1}
 
 
 async def test_walks_over_short_prefixes_match_the_reference(dynamo: DynamoStorage) -> None:

@@ -6,6 +6,7 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    CountKeys,
     Delete,
     Expect,
     InvalidTransaction,
@@ -20,7 +21,7 @@ from .base import (
 from .registry import open_backend, register
 
 __all__ = [
-    "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "Delete",
+    "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
     "Expect", "InvalidTransaction", "Item", "PersistenceUncertain", "Put", "Storage",
     "StorageError", "TxnResult", "Write", "open_backend", "register",
 ]

@@ -114,17 +114,29 @@ Write = Union[Put, Delete]
 
 
 @dataclass(frozen=True, slots=True)
+class CountKeys:
+    """Asks `transact` to count the keys under `prefix` (at most `limit`) as
+    its writes left them, in the same backend call."""
+
+    prefix: str
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class TxnResult:
     """Outcome of `transact`.
 
     applied: every condition held and every write was applied.
     versions: for each write in order, its new version (`None` for deletes).
     failed: indexes (checks first, then writes) whose condition did not hold.
+    count: when a `CountKeys` was given and the writes applied, the keys under
+        its prefix (capped at its limit); otherwise `None`.
     """
 
     applied: bool
     versions: tuple[str | None, ...] = ()
     failed: tuple[int, ...] = ()
+    count: int | None = None
     #: set by the request-id log: this result is the first outcome of a retried request
     replayed: bool = False
 
@@ -198,10 +210,15 @@ class Storage(abc.ABC):
     # -- transactions ------------------------------------------------------
     @abc.abstractmethod
     async def transact(
-        self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
         """Apply every write when every condition holds, else nothing.
-        At most MAX_TXN_OPS operations and MAX_TXN_BYTES; a key at most once."""
+        At most MAX_TXN_OPS operations and MAX_TXN_BYTES; a key at most once.
+
+        With `count`, an applied result also says how many keys the prefix
+        holds after the writes: the transaction's own puts and deletes are
+        always reflected; keys other callers write at the same moment may or
+        may not be (embedded backends count inside the write, so exactly)."""
 
     # -- lifecycle ---------------------------------------------------------
     async def ping(self) -> None:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .base import CasResult, Check, Item, Storage, TxnResult, Write
+from .base import CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
 
 T = TypeVar("T")
 Hook = Callable[[str, float, BaseException | None], None]
@@ -57,8 +57,10 @@ class ObservedStorage(Storage):
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
         return await self._observe("delete_if_version", self.inner.delete_if_version(key, expected))
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
-        return await self._observe("transact", self.inner.transact(checks, writes))
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
+        return await self._observe("transact", self.inner.transact(checks, writes, count))
 
     async def ping(self) -> None:
         await self.inner.ping()

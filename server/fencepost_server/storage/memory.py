@@ -11,6 +11,7 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    CountKeys,
     Delete,
     Item,
     Put,
@@ -105,7 +106,9 @@ class MemoryStorage(Storage):
         self._remove(key)
         return CasResult(True, None)
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
         self._open()
         validate_transaction(checks, writes)
         conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
@@ -123,7 +126,8 @@ class MemoryStorage(Storage):
                 assert isinstance(w, Delete)
                 self._remove(w.key)
                 versions.append(None)
-        return TxnResult(True, tuple(versions))
+        counted = None if count is None else len(self._scan(count.prefix, None, count.limit))
+        return TxnResult(True, tuple(versions), count=counted)
 
     async def close(self) -> None:
         self._closed = True

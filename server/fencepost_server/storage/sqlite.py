@@ -27,6 +27,7 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    CountKeys,
     Delete,
     Item,
     Put,
@@ -76,6 +77,12 @@ def _bounds(prefix: str, start_after: str | None) -> tuple[str, list[Any]]:
         clauses.append("key < ?")
         args.append(end.encode())
     return " AND ".join(clauses), args
+
+
+def _count(conn: sqlite3.Connection, count: CountKeys) -> int:
+    where, args = _bounds(count.prefix, None)
+    (n,) = conn.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM kv WHERE {where} LIMIT ?)", (*args, count.limit)).fetchone()
+    return int(n)
 
 
 class _Worker:
@@ -305,7 +312,9 @@ class SqliteStorage(Storage):
 
         return await self._write_op(op)
 
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
         validate_transaction(checks, writes)
 
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
@@ -326,7 +335,7 @@ class SqliteStorage(Storage):
                     assert isinstance(w, Delete)
                     _erase(conn, w.key)
                     versions.append(None)
-            return TxnResult(True, tuple(versions))
+            return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
 
         return await self._write_op(op)
 

@@ -8,12 +8,13 @@
     put    act/{sid}                                   (restore listing)
 
 That is at most 1 + 1 + 64 + 32 + 1 + 1 = 100 operations, the transaction
-limit. Only when the transaction fails is anything read, to say why.
+limit. The pending count the response carries comes back from the same
+backend call (`CountKeys`). Only when the transaction fails is anything read,
+to say why.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from collections.abc import Sequence
@@ -21,10 +22,14 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Delete, Expect, Put, Write
+from ...storage import Check, CountKeys, Delete, Expect, Put, Write
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .core import MAX_CONSUMED, MAX_RECORDS, LedgerBase, bad
 from .layout import check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
+
+
+#: The response's pending count stops here: it only has to say "run another turn".
+PENDING_COUNT_CAP = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,31 +101,19 @@ class CommitMethods(LedgerBase):
             raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
                               field="records")
 
-        # The pending count is listed concurrently (one round trip of latency):
-        # whether the listing ran before or after the write, the consumed ids
-        # are subtracted, so it counts exactly the events the commit left.
-        txn = asyncio.ensure_future(self.storage.transact(checks, writes))
-        listing = asyncio.ensure_future(self.storage.list_keys(sk.inbox, None, 1000 + len(consume)))
-        try:
-            res = await txn
-        except BaseException:
-            listing.cancel()
-            raise
+        # One backend call: the pending count comes back with the write.
+        res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, PENDING_COUNT_CAP))
         if res.applied:
             self.notify_commit(sid)
-            return CommitResult(new_seq, await self._pending_from(listing, sk.inbox, consume))
-        listing.cancel()
+            pending = res.count if res.count is not None else await self.count_inbox(sk, PENDING_COUNT_CAP)
+            return CommitResult(new_seq, pending)
         why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
         if isinstance(why, CommitReplay):
-            return CommitResult(why.seq, await self.count_inbox(sk), replayed=True)
+            return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)
         raise why
 
     def notify_commit(self, sid: str) -> None:
         """Hook for watchers (nothing to do today)."""
-
-    async def _pending_from(self, listing: asyncio.Future[list[str]], prefix: str, consume: Sequence[str]) -> int:
-        consumed = {prefix + c for c in consume}
-        return len([k for k in await listing if k not in consumed])
 
     async def _why(
         self, sk, sid: str, generation: int, expected_seq: int, consume: Sequence[str],  # type: ignore[no-untyped-def]

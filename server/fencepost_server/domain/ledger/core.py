@@ -18,6 +18,7 @@ from .layout import LeaseState, Meta, SessionKeys, session_not_found
 
 MAX_RECORDS = 64
 MAX_CONSUMED = 32
+INBOX_COUNT_CAP = 10_000  # pending counts (GetSession, forced release) stop here
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class LedgerBase:
             raise session_not_found(sk.sid)
         return Meta.decode(item.value)
 
-    async def count_inbox(self, sk: SessionKeys, cap: int = 10_000) -> int:
+    async def count_inbox(self, sk: SessionKeys, cap: int = INBOX_COUNT_CAP) -> int:
         count, start = 0, None
         while count < cap:
             keys = await self.storage.list_keys(sk.inbox, start, 1000)

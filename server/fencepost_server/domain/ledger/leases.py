@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fencepost import reasons
 
-from ...storage import Check, Delete, Expect, Item, Put
+from ...storage import Check, CountKeys, Delete, Expect, Item, Put
 from ..errors import FailedPrecondition
-from .core import LedgerBase, bad, contended, lease_fenced, lease_held
+from .core import INBOX_COUNT_CAP, LedgerBase, bad, contended, lease_fenced, lease_held
 from .layout import LeaseState, SessionKeys, gen_value, parse_gen, session_not_found
 
 _ATTEMPTS = 8
@@ -121,13 +121,15 @@ class LeaseMethods(LedgerBase):
                             {"pending": pending, "session_id": sid},
                         )
                     writes.append(Delete(sk.pending, Expect(version=marker.version)))
-            res = await self.storage.transact(checks, writes)
+            res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, INBOX_COUNT_CAP) if force else None)
             self.remember_lease(sk.lease, None)
             if res.applied:
                 lease_put = writes[1]
                 assert isinstance(lease_put, Put)
                 self.remember_lease(sk.lease, Item(sk.lease, lease_put.value, res.versions[1] or ""))
-                return await self.count_inbox(sk) if force else 0
+                if not force:
+                    return 0
+                return res.count if res.count is not None else await self.count_inbox(sk, INBOX_COUNT_CAP)
             gen_index = len(checks)  # the gen write's condition index
             if gen_index in res.failed or not res.failed:
                 item = await self.storage.get(sk.gen)

@@ -26,6 +26,7 @@ transactions; the local test server does not, so nothing relies on it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -39,6 +40,7 @@ from ..base import (
     BackendUnavailable,
     CasResult,
     Check,
+    CountKeys,
     Delete,
     Item,
     Put,
@@ -289,7 +291,37 @@ class DynamoStorage(Storage):
         return await with_retries(self.retry, attempt, what="PutItem", write=True)
 
     # -- transactions ------------------------------------------------------
-    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = ()) -> TxnResult:
+    async def transact(
+        self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
+    ) -> TxnResult:
+        if count is None:
+            return await self._transact(checks, writes)
+        # TransactWriteItems returns no data, so the count is a keys-only query
+        # sent alongside (one round trip of latency, two requests), corrected
+        # for the transaction's own writes whichever side of them it read.
+        deletes = sum(1 for w in writes if isinstance(w, Delete) and w.key.startswith(count.prefix))
+        listing = asyncio.ensure_future(self.list_keys(count.prefix, None, count.limit + deletes))
+        try:
+            result = await self._transact(checks, writes)
+        except BaseException:
+            listing.cancel()
+            raise
+        if not result.applied:
+            listing.cancel()
+            return result
+        try:
+            keys = set(await listing)
+        except BackendUnavailable:
+            return result  # applied; the count is left to the caller
+        for w in writes:
+            if w.key.startswith(count.prefix):
+                if isinstance(w, Put):
+                    keys.add(w.key)
+                else:
+                    keys.discard(w.key)
+        return dataclasses.replace(result, count=min(len(keys), count.limit))
+
+    async def _transact(self, checks: Sequence[Check], writes: Sequence[Write]) -> TxnResult:
         validate_transaction(checks, writes)
         entries: list[dict[str, Any] | None] = []  # per operation; None: a check with no condition
         versions: list[str | None] = []
