@@ -71,6 +71,12 @@ async def run(report: Callable[..., None]) -> None:
                     figures = {
                         "search_one_p50_us": await _p50(lambda i: client.memory_search(agent, f"word{(i * 7919) % n}")),
                         "search_topic_p50_us": await _p50(lambda i: client.memory_search(agent, f"topic{i % 50}")),
+                        "search_topic_relevance_p50_us": await _p50(
+                            lambda i: client.memory_search(agent, f"topic{i % 50}", strategy="relevance")
+                        ),
+                        "search_topic_hybrid_p50_us": await _p50(
+                            lambda i: client.memory_search(agent, f"topic{i % 50}", strategy="hybrid")
+                        ),
                         "list_limit20_p50_us": await _p50(lambda i: client.memory_list(agent, limit=20)),
                         "list_page100_p50_us": await _p50(lambda i: client.memory_list(agent, page_size=100)),
                         "domain_search_p50_us": await _p50(

@@ -28,17 +28,19 @@ async def test_append_list_search_forget_audit(client: fencepost.AsyncClient) ->
     assert dict(a.metadata) == {"source": "chat"} and a.agent_id == A
     listed = await client.memory_list(A)
     assert [e.id for e in listed.entries] == [a.id, b.id]
+    found = await client.memory_search(A, "DEPLOY")
+    assert [e.id for e in found.entries] == [b.id, a.id] and found.strategy == pb.MEMORY_STRATEGY_RECENCY
+    # `a` says "deploy" twice (content and about key): the stronger match
     found = await client.memory_search(A, "DEPLOY", strategy="relevance")
-    assert [e.id for e in found.entries] == [b.id, a.id]
-    assert found.strategy == pb.MEMORY_STRATEGY_RECENCY  # served as recency, and said so
-    assert [e.usage.recall_count for e in found.entries] == [1, 1]
+    assert [e.id for e in found.entries] == [a.id, b.id] and found.strategy == pb.MEMORY_STRATEGY_RELEVANCE
+    assert [e.usage.recall_count for e in found.entries] == [2, 2]
     assert [e.id for e in (await client.memory_search(A, "pipeline")).entries] == [a.id]  # about matches
     assert (await client.memory_search(A, "!!!")).entries == []
     assert await client.memory_forget(A, a.id)
     assert not await client.memory_forget(A, a.id)
     audit = await client.memory_audit(A)
     assert [(e.id, e.forgotten) for e in audit.entries] == [(a.id, True), (b.id, False)]
-    assert audit.entries[0].usage.recall_count == 2
+    assert audit.entries[0].usage.recall_count == 3
 
 
 async def test_caps_and_supersedes_errors(client: fencepost.AsyncClient) -> None:

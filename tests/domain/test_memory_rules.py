@@ -253,7 +253,8 @@ def test_mint_skips_taken_ids() -> None:
 def test_search_limit_and_strategy() -> None:
     assert rules.clamp_search_limit(0) == 10 and rules.clamp_search_limit(-3) == 10
     assert rules.clamp_search_limit(500) == 50 and rules.clamp_search_limit(7) == 7
-    assert rules.applied_strategy("relevance") == "recency" and rules.applied_strategy(None) == "recency"
+    assert rules.applied_strategy("relevance") == "relevance" and rules.applied_strategy("hybrid") == "hybrid"
+    assert rules.applied_strategy(None) == "recency" and rules.applied_strategy("semantic") == "recency"
 
 
 _ops = st.lists(

@@ -72,6 +72,31 @@ async def test_list_search_order_and_forget(mem: MemoryStore, clock: Clock) -> N
     assert [(v.entry.id, v.forgotten) for v in audit] == [(a.id, True), (b.id, False), (c.id, False)]
 
 
+async def test_relevance_and_hybrid_orders(mem: MemoryStore) -> None:
+    strong = await mem.append(T, A, "postgres postgres postgres tuning")  # oldest, strongest
+    mid = [await mem.append(T, A, f"note {i} names the database postgres once") for i in range(3)]
+    weak = await mem.append(T, A, "a long note that mentions postgres once among a great many other words here")
+    await mem.append(T, A, "lunch at noon")
+
+    async def order(strategy: str | None) -> list[str]:
+        found = await mem.search(T, A, "postgres", strategy=strategy)
+        assert found.strategy == (strategy or "recency")
+        return [v.entry.id for v in found.entries]
+
+    assert await order(None) == [weak.id, mid[2].id, mid[1].id, mid[0].id, strong.id]
+    # equal scores (the three notes) keep the recency order
+    assert await order("relevance") == [strong.id, mid[2].id, mid[1].id, mid[0].id, weak.id]
+    # reciprocal-rank fusion: the newest and the strongest tie and sit between the notes
+    assert await order("hybrid") == [mid[2].id, weak.id, strong.id, mid[1].id, mid[0].id]
+    # a rarer query term outweighs a common one
+    rare = await mem.append(T, A, "database tuning")
+    common = await mem.append(T, A, "postgres database")
+    found = await mem.search(T, A, "database", strategy="relevance")
+    assert {v.entry.id for v in found.entries} >= {rare.id, common.id}
+    both = await mem.search(T, A, "tuning postgres", strategy="relevance")
+    assert [v.entry.id for v in both.entries] == [strong.id]  # every token must still match
+
+
 async def test_search_ties_and_usage(mem: MemoryStore, storage: Storage) -> None:
     await mem.import_entries(T, A, [Entry("z", "same time", 500), Entry("y", "same time", 500), Entry("x", "same", 400)])
     first = await mem.search(T, A, "same")

@@ -128,9 +128,13 @@ class _MemoryStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Memory
     MEMORY_STRATEGY_RECENCY: _MemoryStrategy.ValueType  # 1
     """Newest first; ties on created_at broken by id ascending."""
     MEMORY_STRATEGY_RELEVANCE: _MemoryStrategy.ValueType  # 2
-    """Best match first (served as recency by this server)."""
+    """Best match first: Okapi BM25 over content and about keys, document
+    frequencies from the agent's whole memory; equal scores keep recency order.
+    """
     MEMORY_STRATEGY_HYBRID: _MemoryStrategy.ValueType  # 3
-    """A mix of both (served as recency by this server)."""
+    """Both: the relevance and recency orders fused by reciprocal rank
+    (1 / (60 + rank) from each); equal scores keep recency order.
+    """
 
 class MemoryStrategy(_MemoryStrategy, metaclass=_MemoryStrategyEnumTypeWrapper):
     """MemoryStrategy is how a Search orders what it found."""
@@ -140,9 +144,13 @@ MEMORY_STRATEGY_UNSPECIFIED: MemoryStrategy.ValueType  # 0
 MEMORY_STRATEGY_RECENCY: MemoryStrategy.ValueType  # 1
 """Newest first; ties on created_at broken by id ascending."""
 MEMORY_STRATEGY_RELEVANCE: MemoryStrategy.ValueType  # 2
-"""Best match first (served as recency by this server)."""
+"""Best match first: Okapi BM25 over content and about keys, document
+frequencies from the agent's whole memory; equal scores keep recency order.
+"""
 MEMORY_STRATEGY_HYBRID: MemoryStrategy.ValueType  # 3
-"""A mix of both (served as recency by this server)."""
+"""Both: the relevance and recency orders fused by reciprocal rank
+(1 / (60 + rank) from each); equal scores keep recency order.
+"""
 Global___MemoryStrategy: _TypeAlias = MemoryStrategy  # noqa: Y015
 
 class _MemoryValidityFilter:
@@ -565,10 +573,12 @@ class MemoryServiceSearchResponse(_message.Message):
     truncated: _builtins.bool
     """More matches existed than were returned (limit or 16384 bytes)."""
     strategy: Global___MemoryStrategy.ValueType
-    """The ordering actually applied."""
+    """The ordering actually applied (a server lacking the one asked for serves
+    recency and says so here).
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryEntry]:
-        """Matching entries, newest first, each with its validity and usage."""
+        """Matching entries in the applied order, each with its validity and usage."""
 
     def __init__(
         self,

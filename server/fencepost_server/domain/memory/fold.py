@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .ranking import entry_terms
 from .rules import (
     KINDS,
     TRUST_LEVELS,
@@ -31,7 +32,6 @@ from .rules import (
     is_current,
     minted_number,
     superseded_at,
-    tokenize,
 )
 
 # record types
@@ -142,6 +142,7 @@ class Fold:
         self.tombstoned: set[str] = set()
         self.pins: dict[str, None] = {}  # pin order
         self.index: dict[str, set[str]] = {}
+        self.token_total = 0  # token occurrences over every entry (BM25's average length)
         self.next_mint = 1
         #: request id -> (fingerprint, entry id) of the record that carried it
         self.requests: dict[str, tuple[str, str]] = {}
@@ -186,7 +187,9 @@ class Fold:
 
     def _add(self, e: Entry) -> None:
         self.entries[e.id] = e
-        for token in set(tokenize(e.content)).union(*(tokenize(k) for k in e.about)):
+        terms = entry_terms(e)
+        self.token_total += len(terms)
+        for token in set(terms):
             self.index.setdefault(token, set()).add(e.id)
         n = minted_number(e.id)
         if n is not None and n >= self.next_mint:
@@ -253,6 +256,12 @@ class Fold:
 
     def is_live(self, eid: str, at: int) -> bool:
         return eid in self.entries and eid not in self.tombstoned and eid not in self.view(at).superseded
+
+    def doc_freq(self, token: str) -> int:
+        return len(self.index.get(token, ()))
+
+    def average_length(self) -> float:
+        return self.token_total / len(self.entries) if self.entries else 0.0
 
     def search_candidates(self, tokens: list[str]) -> set[str]:
         """Ids whose content or about holds every token (before liveness)."""

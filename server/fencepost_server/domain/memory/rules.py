@@ -38,7 +38,7 @@ _TRUST_RANK = {t: i for i, t in enumerate(TRUST_LEVELS)}
 
 CURRENT, NOT_YET_VALID, EXPIRED = "current", "not-yet-valid", "expired"
 STRATEGIES = ("recency", "relevance", "hybrid")
-SUPPORTED_STRATEGIES = ("recency",)
+SUPPORTED_STRATEGIES = STRATEGIES
 
 
 @dataclass(slots=True)

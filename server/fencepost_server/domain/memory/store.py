@@ -41,7 +41,7 @@ from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys
 from ..limits import Limits
 from ..paging import decode_token, encode_token, page_size
-from . import rules
+from . import ranking, rules
 from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
 from .rules import Entry, Injection, Topic
 
@@ -491,7 +491,7 @@ class MemoryStore:
         found = [
             folded.entries[i] for i in ids if i not in folded.tombstoned and i not in view.superseded
         ]
-        found.sort(key=rules.recall_key)
+        found = ranking.rank(found, tokens, applied, folded.doc_freq, len(folded.entries), folded.average_length())
         picked, truncated = rules.bound_in_order(found, rules.clamp_search_limit(limit))
         usage = await self._bump_usage(tenant, agent, [e.id for e in picked], at)
         return ReadResult(
