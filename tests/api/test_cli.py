@@ -242,10 +242,36 @@ async def test_memory_list_search_pin_topics(srv: RunningServer) -> None:
     assert refused.rc == Exit.NOT_APPLIED and refused.json()["pinned"] is False and refused.json()["reason"]
     assert (await cli(srv, "memory", "pin", "agent-m", "no-such-entry")).rc == Exit.NOT_FOUND
 
+    listing = await cli(srv, "memory", "pinned", "agent-m", "--json")
+    assert [e["id"] for e in listing.json()["entries"]] == [a.id] and listing.json()["allocated_bytes"] > 0
+    assert a.id in (await cli(srv, "memory", "pinned", "agent-m")).out
+    assert (await cli(srv, "memory", "unpin", "agent-m", a.id, "--json")).json()["unpinned"] is True
+    assert (await cli(srv, "memory", "unpin", "agent-m", a.id)).rc == Exit.NOT_APPLIED
+    assert (await cli(srv, "memory", "pinned", "agent-m", "--json")).json()["entries"] == []
+    forgot = await cli(srv, "memory", "forget", "agent-m", b.id, "--json")
+    assert forgot.rc == 0 and forgot.json()["forgotten"] is True
+    assert (await cli(srv, "memory", "forget", "agent-m", b.id)).rc == Exit.NOT_FOUND
+    assert b.id not in [e["id"] for e in (await cli(srv, "memory", "list", "agent-m", "--json")).lines()]
+
     topics = await cli(srv, "memory", "topics", "agent-m", "--json")
     assert topics.rc == 0
     assert {t["name"]: t["count"] for t in topics.json()["topics"]} == {"Deploy pipeline": 1}
     assert "Deploy pipeline" in (await cli(srv, "memory", "topics", "agent-m")).out
+
+
+async def test_journal_archives(tmp_path: Path) -> None:
+    async with running(SqliteStorage(tmp_path / "rot.db", synchronous="NORMAL"), max_journal_bytes=1500) as srv:
+        for i in range(30):
+            assert (await cli(srv, "journal", "append", "agent-r", "--session", "s", "--channel", "c",
+                              "--title", f"turn {i:02d}")).rc == 0
+        assert (await cli(srv, "journal", "read", "agent-r")).rc == 0  # flush-on-read rotates
+        archives = (await cli(srv, "journal", "archives", "agent-r", "--json")).lines()
+        assert len(archives) >= 2 and all(0 < a["size_bytes"] <= 1500 for a in archives)
+        first = await cli(srv, "journal", "read", "agent-r", "--archive", archives[0]["name"], "--json")
+        assert len(first.lines()) == archives[0]["record_count"] and first.lines()[0]["title"] == "turn 00"
+        table = await cli(srv, "journal", "archives", "agent-r")
+        assert table.out.splitlines()[0].split() == ["NAME", "BYTES", "RECORDS", "ROTATED"]
+        assert (await cli(srv, "journal", "archives", "nobody", "--json")).lines() == []
 
 
 def test_exit_codes_by_status() -> None:

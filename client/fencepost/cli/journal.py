@@ -1,4 +1,4 @@
-"""`fencepost journal append|read` (the server-owned turn journal)."""
+"""`fencepost journal append|read|archives` (the server-owned turn journal)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("agent")
     p.add_argument("--archive", metavar="NAME", help="read this rotated archive instead of the live journal")
     p.add_argument("--raw", action="store_true", help="print the JSONL bytes verbatim")
+
+    p = add_command(cmds, "archives", _archives, "an agent's rotated journals, oldest first", parents)
+    p.add_argument("agent")
 
 
 async def _append(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
@@ -91,4 +94,18 @@ async def _read(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
         rows.append([rec.get("at"), clip(str(rec.get("sessionId", "")), 24), rec.get("status"),
                      clip(str(rec.get("title") or rec.get("userMessage") or ""), 50)])
     out.table(["AT", "SESSION", "STATUS", "TITLE"], rows)
+    return Exit.OK
+
+
+async def _archives(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    rows = []
+    async for archive in fp.list_archives(args.agent):
+        doc = {"name": archive.name, "size_bytes": archive.size_bytes, "record_count": archive.record_count,
+               "rotate_time": archive.rotate_time.isoformat()}
+        if out.json:
+            out.line(doc)
+        else:
+            rows.append(list(doc.values()))
+    if not out.json:
+        out.table(["NAME", "BYTES", "RECORDS", "ROTATED"], rows)
     return Exit.OK

@@ -1,4 +1,4 @@
-"""`fencepost memory list|search|pin|topics` (agent memory)."""
+"""`fencepost memory list|search|pin|unpin|pinned|forget|topics` (agent memory)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from .._memory import STRATEGIES
 from ..client import AsyncClient
 from ..v1 import memory_pb2 as pb
-from ._common import Exit, Out, UsageError, add_command, clip, message_dict
+from ._common import Exit, Miss, Out, UsageError, add_command, clip, message_dict
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], parser_class: type) -> None:
@@ -28,6 +28,19 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--strategy", choices=sorted(STRATEGIES))
 
     p = add_command(cmds, "pin", _pin, "pin an entry (exit 4 when the pin is refused)", parents)
+    p.add_argument("agent")
+    p.add_argument("entry_id")
+
+    p = add_command(cmds, "unpin", _unpin, "unpin an entry (exit 4 when it was not pinned)", parents)
+    p.add_argument("agent")
+    p.add_argument("entry_id")
+
+    p = add_command(cmds, "pinned", _pinned, "the pinned set in pin order, with the budget used", parents)
+    p.add_argument("agent")
+    p.add_argument("--allocated", action="store_true",
+                   help="every pin holding budget (also superseded or out-of-window ones)")
+
+    p = add_command(cmds, "forget", _forget, "tombstone a live entry (exit 3 when there is none)", parents)
     p.add_argument("agent")
     p.add_argument("entry_id")
 
@@ -87,6 +100,30 @@ async def _pin(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     text = f"not pinned: {res.reason}" + (f" (blocked by {res.blocking_id})" if res.blocking_id else "")
     out.emit(doc, text=text)
     return Exit.NOT_APPLIED
+
+
+async def _unpin(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    unpinned = await fp.memory_unpin(args.agent, args.entry_id)
+    out.emit({"entry_id": args.entry_id, "unpinned": unpinned},
+             text=f"unpinned {args.entry_id}" if unpinned else f"{args.entry_id} was not pinned")
+    return Exit.OK if unpinned else Exit.NOT_APPLIED
+
+
+async def _pinned(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    res = await fp.memory_pinned(args.agent, allocated=args.allocated)
+    if out.json:
+        out.emit({"entries": [message_dict(e) for e in res.entries], "allocated_bytes": res.allocated_bytes})
+    else:
+        out.table(_HEADERS, [_row(e) for e in res.entries])
+        out.note(f"({res.allocated_bytes} of 2048 pin-budget bytes allocated)")
+    return Exit.OK
+
+
+async def _forget(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    if not await fp.memory_forget(args.agent, args.entry_id):
+        raise Miss(f"agent {args.agent!r} has no live entry {args.entry_id!r}")
+    out.emit({"entry_id": args.entry_id, "forgotten": True}, text=f"forgot {args.entry_id}")
+    return Exit.OK
 
 
 async def _topics(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
