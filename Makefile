@@ -41,8 +41,11 @@ bench: setup
 
 ## Reliability suite, long profile: faults at every backend call, kill -9
 ## restarts, history checks; prints a figures table (sqlite + DynamoDB emulator).
+## Then the load-shaped tests `make test` scales down on the DynamoDB emulator
+## (100k-record ReadLog, ...) at their full counts there.
 reliability: setup
 	FENCEPOST_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider tests/reliability $(ARGS)
+	FENCEPOST_FULL_SCALE=1 $(PY) -m pytest -q -p no:cacheprovider -m scaled -k dynamodb tests $(ARGS)
 
 clean:
 	rm -rf $(VENV) .fencepost .pytest_cache

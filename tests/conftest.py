@@ -61,8 +61,8 @@ def backend_name(storage: Storage) -> str:
 
 # The local DynamoDB-compatible server serves a few hundred requests a second,
 # one at a time; load-shaped tests run a smaller count there (the same count
-# everywhere else). The reliability suite runs the long versions.
-SLOW_BACKENDS = {"dynamodb"}
+# everywhere else). FENCEPOST_FULL_SCALE=1 runs the full counts everywhere.
+SLOW_BACKENDS = set() if os.environ.get("FENCEPOST_FULL_SCALE") == "1" else {"dynamodb"}
 
 
 @pytest.fixture
@@ -115,3 +115,10 @@ async def client(server: RunningServer) -> AsyncIterator[fencepost.AsyncClient]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backend(name): the backend a parametrized test runs on")
     os.environ.setdefault("FENCEPOST_TEST", "1")
+    config.addinivalue_line("markers", "scaled: uses `scaled` (smaller counts on the DynamoDB emulator)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "scaled" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.scaled)
