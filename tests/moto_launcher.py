@@ -57,6 +57,8 @@ def _undo_log_rollback() -> None:
     moto's own snapshot."""
     import moto.dynamodb.models as models
 
+    # what the patch relies on (moto is pinned in constraints.txt); fail loudly if it moved
+    assert models.copy is copy and callable(getattr(models.Item, "to_json", None))
     apply = models.DynamoDBBackend.transact_write_items
     no_table_copy = types.SimpleNamespace(
         deepcopy=lambda obj, memo=None: obj if isinstance(obj, models.Table) else copy.deepcopy(obj, memo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -11,7 +12,7 @@ from fencepost import reasons
 from fencepost_server.domain.errors import DomainError
 from fencepost_server.domain.ledger import Ledger, LedgerConfig
 from fencepost_server.storage import BackendUnavailable, Storage
-from fencepost_server.storage.counting import CountingStorage
+from fencepost_server.storage.counting import CountingStorage, ObservedStorage
 from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.dynamodb.table import VALUE, VERSION
 from tests.faults import FaultyStorage
@@ -344,3 +345,33 @@ async def test_cost_targets(storage: Storage) -> None:
     counting.reset()
     d2 = await ledger.deliver(T, session_id=sid, payload=b"e", try_lease="B")
     assert d2.lease_granted and dict(counting.calls) == {"transact": 2}
+
+
+class _CountLost(ObservedStorage):
+    """Applies transactions but loses their counts, and cannot list."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.broken = False
+
+    async def transact(self, checks, writes, count=None):  # type: ignore[no-untyped-def]
+        result = await self.inner.transact(checks, writes, count)
+        return dataclasses.replace(result, count=None) if self.broken else result
+
+    async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
+        if self.broken:
+            raise BackendUnavailable("listing refused")
+        return await self.inner.list_keys(prefix, start_after, limit)
+
+
+async def test_an_applied_commit_is_never_reported_failed_over_its_count(storage: Storage) -> None:
+    lossy = _CountLost(storage)
+    ledger = Ledger(lossy)
+    sid = await _session(ledger)
+    g = (await ledger.acquire(T, sid, "A", ttl=30)).generation
+    await ledger.deliver(T, session_id=sid, payload=b"e")
+    lossy.broken = True
+    done = await ledger.commit(T, sid, g, 0, [b"r"])
+    assert (done.seq, done.pending) == (1, 1)  # applied; the count unknown, so "run a follow-up turn"
+    lossy.broken = False
+    assert [p async for p in ledger.read_log(T, sid)] == [[(1, b"r")]]

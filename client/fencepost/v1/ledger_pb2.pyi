@@ -758,10 +758,10 @@ class CommitResponse(_message.Message):
     seq: _builtins.int
     """The new head seq."""
     pending: _builtins.int
-    """Events still pending (run a follow-up turn when > 0), counted up to
-    1,000 in the same backend call as the write. SQLite and memory count
-    inside the write; DynamoDB counts alongside it, so an event parked at the
-    same moment may or may not be included.
+    """Events still pending (run a follow-up turn when > 0), at most 1,000. An
+    event parked at the same moment may or may not be included. 1 when the
+    write applied but the count could not be read (the follow-up turn finds
+    out).
     """
     replayed: _builtins.bool
     """True when this call found the commit already applied (a retry)."""

@@ -8,9 +8,10 @@
     put    act/{sid}                                   (restore listing)
 
 That is at most 1 + 1 + 64 + 32 + 1 + 1 = 100 operations, the transaction
-limit. The pending count the response carries comes back from the same
-backend call (`CountKeys`). Only when the transaction fails is anything read,
-to say why.
+limit. The pending count the response carries comes back with the same
+backend call (`CountKeys`; on DynamoDB a keys-only Query sent alongside).
+Nothing is read before the write; only when it fails is anything read, to
+say why.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class CommitMethods(LedgerBase):
         res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, PENDING_COUNT_CAP))
         if res.applied:
             self.notify_commit(sid)
-            pending = res.count if res.count is not None else await self.count_inbox(sk, PENDING_COUNT_CAP)
+            pending = res.count if res.count is not None else await self.pending_after_write(sk, PENDING_COUNT_CAP)
             return CommitResult(new_seq, pending)
         why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
         if isinstance(why, CommitReplay):

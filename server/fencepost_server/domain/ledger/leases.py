@@ -129,7 +129,7 @@ class LeaseMethods(LedgerBase):
                 self.remember_lease(sk.lease, Item(sk.lease, lease_put.value, res.versions[1] or ""))
                 if not force:
                     return 0
-                return res.count if res.count is not None else await self.count_inbox(sk, INBOX_COUNT_CAP)
+                return res.count if res.count is not None else await self.pending_after_write(sk, INBOX_COUNT_CAP)
             gen_index = len(checks)  # the gen write's condition index
             if gen_index in res.failed or not res.failed:
                 item = await self.storage.get(sk.gen)

@@ -9,7 +9,8 @@ Layout (see layout.py for the partition rules, listing.py for lists):
 Cost per call, steady state: get, put, delete and each CAS are one request
 (GetItem / PutItem / DeleteItem; a failed condition returns the current item
 through ReturnValuesOnConditionCheckFailure=ALL_OLD, a delete its old item
-through ReturnValues=ALL_OLD). `transact` is one TransactWriteItems. The
+through ReturnValues=ALL_OLD). `transact` is one TransactWriteItems (with
+`CountKeys`, plus one keys-only Query sent alongside it). The
 first write that may create an item in a partition this process has not
 seen yet goes out as a TransactWriteItems that also writes the partition's
 directory entry: still one request, and the directory entry exists before
@@ -300,19 +301,19 @@ class DynamoStorage(Storage):
         # sent alongside (one round trip of latency, two requests), corrected
         # for the transaction's own writes whichever side of them it read.
         deletes = sum(1 for w in writes if isinstance(w, Delete) and w.key.startswith(count.prefix))
-        listing = asyncio.ensure_future(self.list_keys(count.prefix, None, count.limit + deletes))
+        counting = asyncio.ensure_future(self.list_keys(count.prefix, None, count.limit + deletes))
         try:
             result = await self._transact(checks, writes)
         except BaseException:
-            listing.cancel()
+            counting.cancel()
             raise
         if not result.applied:
-            listing.cancel()
+            counting.cancel()
             return result
         try:
-            keys = set(await listing)
-        except BackendUnavailable:
-            return result  # applied; the count is left to the caller
+            keys = set(await counting)
+        except Exception:  # the write applied: never report it failed over a count
+            return result  # count None: the caller counts, or does without
         for w in writes:
             if w.key.startswith(count.prefix):
                 if isinstance(w, Put):
