@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,16 +79,35 @@ class AppContext:
     shared: dict[str, Any] = field(default_factory=dict)
 
 
-ServiceBuilder = Callable[[AppContext, grpc.aio.Server], str]
+class HandlerRegistry:
+    """What the generated `add_*_to_server` functions register into.
+
+    grpc.aio's serving loop keeps one pending call request per *registered*
+    method and runs `asyncio.wait` over all of them for every incoming RPC:
+    with this server's ~70 methods that cost more than the handlers
+    themselves. Generic handlers share one call request, so only they are
+    registered (method lookup is then a dict hit per service)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Covered by the generic handler registered alongside."""
 
 
-def _kv(ctx: AppContext, server: grpc.aio.Server) -> str:
+ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]
+
+
+def _kv(ctx: AppContext, server: HandlerRegistry) -> str:
     kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests)
     kv_pb2_grpc.add_KvServiceServicer_to_server(KvServicer(kv, ctx.auth, ctx.observer), server)
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
-def _evals(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _evals(ctx: AppContext, server: HandlerRegistry) -> str:
     evals = EvalStore(
         ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window
     )
@@ -96,7 +115,7 @@ def _evals(ctx: AppContext, server: grpc.aio.Server) -> str:
     return evals_pb2.DESCRIPTOR.services_by_name["EvalService"].full_name
 
 
-def _memory(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _memory(ctx: AppContext, server: HandlerRegistry) -> str:
     memory = MemoryStore(ctx.storage, ctx.settings.limits)
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
@@ -115,7 +134,7 @@ def _ledger_of(ctx: AppContext) -> Ledger:
     return ledger
 
 
-def _ledger(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _ledger(ctx: AppContext, server: HandlerRegistry) -> str:
     ledger = _ledger_of(ctx)
     ledger_pb2_grpc.add_LedgerServiceServicer_to_server(LedgerServicer(ledger, ctx.auth, ctx.observer), server)
     return ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
@@ -137,19 +156,19 @@ def _journal_of(ctx: AppContext) -> Journal:
     return journal
 
 
-def _journal(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _journal(ctx: AppContext, server: HandlerRegistry) -> str:
     servicer = JournalServicer(_journal_of(ctx), ctx.auth, ctx.observer)
     journal_pb2_grpc.add_JournalServiceServicer_to_server(servicer, server)
     return journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
 
 
-def _store_api(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _store_api(ctx: AppContext, server: HandlerRegistry) -> str:
     servicer = StoreApiServicer(_journal_of(ctx), ctx.auth, ctx.observer)
     store_api_pb2_grpc.add_StoreApiServiceServicer_to_server(servicer, server)
     return store_api_pb2.DESCRIPTOR.services_by_name["StoreApiService"].full_name
 
 
-def _schedule(ctx: AppContext, server: grpc.aio.Server) -> str:
+def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
     s = ctx.settings
     schedule = Schedule(_ledger_of(ctx), clock=s.schedule_clock or time.time, watch_segment=s.schedule_watch_seconds)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(schedule, ctx.auth, ctx.observer), server)
@@ -205,14 +224,15 @@ class App:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=opts)
+        registry = HandlerRegistry(server)
         ctx = AppContext(
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
         )
-        self.service_names = [build(ctx, server) for build in _SERVICES]
+        self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registry)
         reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], registry
         )
         port = self._bind(server)
         if port == 0:
