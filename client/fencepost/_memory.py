@@ -103,7 +103,8 @@ class MemoryMethods:
     async def memory_search(
         self, agent_id: str, query: str, *, limit: int = 0, strategy: str | None = None, **opts: Any
     ) -> pb.MemoryServiceSearchResponse:
-        """Live entries matching every query token, newest first."""
+        """Live entries matching every query token, ordered by `strategy`:
+        "recency" (default, newest first), "relevance" (BM25) or "hybrid"."""
         req = pb.MemoryServiceSearchRequest(
             agent_id=agent_id, query=query, limit=limit, strategy=STRATEGIES[strategy] if strategy else 0
         )

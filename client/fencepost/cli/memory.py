@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
     p.add_argument("--all-validity", action="store_true", help="include entries outside their validity window")
 
-    p = add_command(cmds, "search", _search, "live entries matching every query token, newest first", parents)
+    p = add_command(cmds, "search", _search, "live entries matching every query token (newest first, or --strategy)", parents)
     p.add_argument("agent")
     p.add_argument("query")
     p.add_argument("--limit", type=int, default=0)
