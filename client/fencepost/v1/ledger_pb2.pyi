@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
@@ -537,12 +542,30 @@ class AcquireLeaseResponse(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     PENDING_FIELD_NUMBER: _builtins.int
-    seq: _builtins.int
-    """The session head at the grant. Not filled by this server (0), so a
-    grant stays one backend write: read GetSession for the head.
-    """
-    pending: _builtins.int
-    """Events pending at the grant. Not filled by this server (0); see seq."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def seq(self) -> _builtins.int:
+        """Never filled (0): a grant stays one backend write. Read GetSession for
+        the head seq and the pending count.
+        """
+
+    @seq.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def seq(self, value: _builtins.int) -> None:
+        """Never filled (0): a grant stays one backend write. Read GetSession for
+        the head seq and the pending count.
+        """
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def pending(self) -> _builtins.int:
+        """Never filled (0); see seq."""
+
+    @pending.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def pending(self, value: _builtins.int) -> None:
+        """Never filled (0); see seq."""
+
     @_builtins.property
     def lease(self) -> Global___Lease:
         """The lease (holder, new generation, expiry)."""
