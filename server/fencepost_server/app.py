@@ -231,8 +231,9 @@ class App:
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registry)
+        # the real server: reflection picks its asyncio servicer only for a grpc.aio.Server
         reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], registry
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
         port = self._bind(server)
         if port == 0:

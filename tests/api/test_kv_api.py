@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -219,6 +220,30 @@ async def test_health_and_reflection(server: object) -> None:
         call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = [s.name async for r in call for s in r.list_services_response.service]
         assert "fencepost.v1.KvService" in names
+
+
+async def test_reflection_streams_held_open_do_not_starve_the_server(server: object) -> None:
+    """Reflection must run on the event loop: a thread-per-stream servicer
+    would stall once the default thread pool (cores + 4) is held."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    release = asyncio.Event()
+
+    async def ask_then_hold() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+        await release.wait()
+
+    async with grpc.aio.insecure_channel(server.target) as channel:  # type: ignore[attr-defined]
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        held = [stub.ServerReflectionInfo(ask_then_hold()) for _ in range(12)]
+        for call in held:
+            await asyncio.wait_for(call.read(), 10)  # each stream answered and still open
+        fresh = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = [s.name async for r in fresh for s in r.list_services_response.service]
+        assert "fencepost.v1.LedgerService" in names
+        release.set()
+        for call in held:
+            call.cancel()
 
 
 async def test_concurrent_cas_increments_through_the_server(client: fencepost.AsyncClient) -> None:
