@@ -232,6 +232,9 @@ async def test_memory_list_search_pin_topics(srv: RunningServer) -> None:
 
     found = await cli(srv, "memory", "search", "agent-m", "postgres", "--json")
     assert found.rc == 0 and [e["id"] for e in found.json()["entries"]] == [a.id]
+    assert found.json()["strategy"] == "recency"
+    ranked = await cli(srv, "memory", "search", "agent-m", "deploy", "--strategy", "relevance", "--json")
+    assert ranked.json()["strategy"] == "relevance" and len(ranked.json()["entries"]) == 2
     assert "Postgres" in (await cli(srv, "memory", "search", "agent-m", "postgres")).out
 
     pinned = await cli(srv, "memory", "pin", "agent-m", a.id, "--json")
@@ -267,6 +270,7 @@ async def test_journal_archives(tmp_path: Path) -> None:
         assert (await cli(srv, "journal", "read", "agent-r")).rc == 0  # flush-on-read rotates
         archives = (await cli(srv, "journal", "archives", "agent-r", "--json")).lines()
         assert len(archives) >= 2 and all(0 < a["size_bytes"] <= 1500 for a in archives)
+        assert all(a["rotate_time"].endswith("Z") for a in archives)
         first = await cli(srv, "journal", "read", "agent-r", "--archive", archives[0]["name"], "--json")
         assert len(first.lines()) == archives[0]["record_count"] and first.lines()[0]["title"] == "turn 00"
         table = await cli(srv, "journal", "archives", "agent-r")

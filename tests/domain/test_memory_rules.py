@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import unicodedata
+from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost_server.domain.errors import InvalidArgument
-from fencepost_server.domain.memory import rules
+from fencepost_server.domain.memory import ranking, rules
 from fencepost_server.domain.memory.fold import Fold, entry_record
 from fencepost_server.domain.memory.rules import Entry
 
@@ -295,3 +297,25 @@ def test_incremental_fold_equals_replay(ops: list, split: int, at: int) -> None:
     assert warm.pin_budget() == cold.pin_budget()
     assert [e.id for e in warm.all_chrono()] == [e.id for e in cold.all_chrono()]
     assert warm.search_candidates(["t1"]) == cold.search_candidates(["t1"])
+
+
+def test_bm25_is_the_okapi_formula() -> None:
+    class Corpus:
+        def terms(self, entry_id: str) -> ranking.Terms:
+            raise AssertionError
+
+        def doc_freq(self, token: str) -> int:
+            return {"rare": 1, "common": 8}[token]
+
+        def size(self) -> int:
+            return 10
+
+        def average_length(self) -> float:
+            return 4.0
+
+    entry = ranking.Terms(Counter({"rare": 2, "common": 1, "pad": 3}), 6)
+    norm = 1.2 * (1 - 0.75 + 0.75 * 6 / 4)  # k1 = 1.2, b = 0.75
+    expected = (math.log(1 + (10 - 1 + 0.5) / (1 + 0.5)) * 2 * 2.2 / (2 + norm)
+                + math.log(1 + (10 - 8 + 0.5) / (8 + 0.5)) * 1 * 2.2 / (1 + norm))
+    assert ranking.bm25(entry, ["rare", "common", "rare"], Corpus()) == pytest.approx(expected)
+    assert ranking.bm25(entry, ["absent"], Corpus()) == 0.0

@@ -88,11 +88,13 @@ async def test_relevance_and_hybrid_orders(mem: MemoryStore) -> None:
     assert await order("relevance") == [strong.id, mid[2].id, mid[1].id, mid[0].id, weak.id]
     # reciprocal-rank fusion: the newest and the strongest tie and sit between the notes
     assert await order("hybrid") == [mid[2].id, weak.id, strong.id, mid[1].id, mid[0].id]
-    # a rarer query term outweighs a common one
-    rare = await mem.append(T, A, "database tuning")
-    common = await mem.append(T, A, "postgres database")
-    found = await mem.search(T, A, "database", strategy="relevance")
-    assert {v.entry.id for v in found.entries} >= {rare.id, common.id}
+    # one length, one query: the entry with more of the rarer query term wins
+    for i in range(6):
+        await mem.append(T, A, f"common filler {i}")
+    rare_heavy = await mem.append(T, A, "rare rare common pad")
+    common_heavy = await mem.append(T, A, "rare common common pad")  # newer
+    found = await mem.search(T, A, "rare common", strategy="relevance")
+    assert [v.entry.id for v in found.entries] == [rare_heavy.id, common_heavy.id]
     both = await mem.search(T, A, "tuning postgres", strategy="relevance")
     assert [v.entry.id for v in both.entries] == [strong.id]  # every token must still match
 

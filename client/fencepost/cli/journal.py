@@ -10,7 +10,7 @@ from typing import Any
 
 from ..client import AsyncClient
 from ..v1 import journal_pb2
-from ._common import Exit, Miss, Out, UsageError, add_command, clip, read_input
+from ._common import Exit, Miss, Out, UsageError, add_command, clip, read_input, stamp
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], parser_class: type) -> None:
@@ -101,7 +101,7 @@ async def _archives(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     rows = []
     async for archive in fp.list_archives(args.agent):
         doc = {"name": archive.name, "size_bytes": archive.size_bytes, "record_count": archive.record_count,
-               "rotate_time": archive.rotate_time.isoformat()}
+               "rotate_time": stamp(archive.rotate_time.timestamp())}
         if out.json:
             out.line(doc)
         else:

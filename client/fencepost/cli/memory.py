@@ -81,10 +81,13 @@ async def _list(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
 
 async def _search(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     res = await fp.memory_search(args.agent, args.query, limit=args.limit, strategy=args.strategy)
+    strategy = pb.MemoryStrategy.Name(res.strategy).removeprefix("MEMORY_STRATEGY_").lower()
     if out.json:
-        out.emit({"entries": [message_dict(e) for e in res.entries], "truncated": res.truncated})
+        out.emit({"entries": [message_dict(e) for e in res.entries], "truncated": res.truncated,
+                  "strategy": strategy})
     else:
         out.table(_HEADERS, [_row(e) for e in res.entries])
+        out.note(f"(ordered by {strategy})")
         if res.truncated:
             out.note("(truncated: raise --limit for more)")
     return Exit.OK

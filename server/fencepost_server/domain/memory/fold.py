@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .ranking import entry_terms
+from .ranking import Terms, terms_of
 from .rules import (
     KINDS,
     TRUST_LEVELS,
@@ -142,7 +142,8 @@ class Fold:
         self.tombstoned: set[str] = set()
         self.pins: dict[str, None] = {}  # pin order
         self.index: dict[str, set[str]] = {}
-        self.token_total = 0  # token occurrences over every entry (BM25's average length)
+        self._terms: dict[str, Terms] = {}  # search ranking statistics (ranking.py)
+        self._token_total = 0
         self.next_mint = 1
         #: request id -> (fingerprint, entry id) of the record that carried it
         self.requests: dict[str, tuple[str, str]] = {}
@@ -187,9 +188,10 @@ class Fold:
 
     def _add(self, e: Entry) -> None:
         self.entries[e.id] = e
-        terms = entry_terms(e)
-        self.token_total += len(terms)
-        for token in set(terms):
+        terms = terms_of(e)
+        self._terms[e.id] = terms
+        self._token_total += terms.length
+        for token in terms.counts:
             self.index.setdefault(token, set()).add(e.id)
         n = minted_number(e.id)
         if n is not None and n >= self.next_mint:
@@ -257,11 +259,18 @@ class Fold:
     def is_live(self, eid: str, at: int) -> bool:
         return eid in self.entries and eid not in self.tombstoned and eid not in self.view(at).superseded
 
+    # -- ranking statistics (ranking.Corpus) ---------------------------------------
+    def terms(self, entry_id: str) -> Terms:
+        return self._terms[entry_id]
+
     def doc_freq(self, token: str) -> int:
         return len(self.index.get(token, ()))
 
+    def size(self) -> int:
+        return len(self.entries)
+
     def average_length(self) -> float:
-        return self.token_total / len(self.entries) if self.entries else 0.0
+        return self._token_total / len(self.entries) if self.entries else 0.0
 
     def search_candidates(self, tokens: list[str]) -> set[str]:
         """Ids whose content or about holds every token (before liveness)."""

@@ -491,7 +491,7 @@ class MemoryStore:
         found = [
             folded.entries[i] for i in ids if i not in folded.tombstoned and i not in view.superseded
         ]
-        found = ranking.rank(found, tokens, applied, folded.doc_freq, len(folded.entries), folded.average_length())
+        found = ranking.rank(found, tokens, applied, folded)
         picked, truncated = rules.bound_in_order(found, rules.clamp_search_limit(limit))
         usage = await self._bump_usage(tenant, agent, [e.id for e in picked], at)
         return ReadResult(
