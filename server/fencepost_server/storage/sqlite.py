@@ -2,9 +2,16 @@
 
 Writes go to one writer thread that group-commits whatever is queued: every
 queued operation runs inside its own SAVEPOINT of one transaction, and one
-COMMIT (one fsync) acknowledges the whole batch. Reads run on a separate
-connection in a reader thread, batched the same way; WAL lets them proceed
-while the writer writes.
+COMMIT (one fsync) acknowledges the whole batch.
+
+Reads run on the calling event loop itself, on a connection of their own: in
+WAL mode a read never waits for the writer, and a primary-key lookup costs a
+few microseconds, far less than handing it to a thread and waking the loop
+again. Every read is its own read transaction, started after the write it may
+depend on was acknowledged (a write is acknowledged only after its COMMIT), so
+reads see every acknowledged write. In the rare case WAL makes a reader wait
+(another process recovering the WAL), the read is handed to a reader thread
+instead of stalling the loop.
 
 Version tokens come from a counter stored in the same file and advanced inside
 the write transaction, so they are unique across restarts and across several
@@ -54,11 +61,15 @@ _MAX_BATCH = 512
 _STOP = object()
 
 
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+#: how long a read on the event loop may wait for a lock before it moves to the reader thread
+_LOOP_BUSY_MS = 20
+
+
+def _connect(path: str, synchronous: str, busy_ms: int = 30000) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
     return conn
 
 
@@ -199,8 +210,9 @@ def _resolve_all(results: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
 
 
 def _read_item(conn: sqlite3.Connection, key: str) -> Item | None:
-    row = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key.encode(),)).fetchone()
-    return Item(key, row[0], row[1]) if row else None
+    # fetchall: the statement runs to its end, so no read transaction stays open
+    rows = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key.encode(),)).fetchall()
+    return Item(key, rows[0][0], rows[0][1]) if rows else None
 
 
 def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str) -> None:
@@ -225,6 +237,7 @@ class SqliteStorage(Storage):
         try:
             self._writer = _Worker(self.path, synchronous, writer=True)
             self._reader = _Worker(self.path, synchronous, writer=False)
+            self._loop_conn = _connect(self.path, synchronous, busy_ms=_LOOP_BUSY_MS)
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
         self._closed = False
@@ -237,7 +250,12 @@ class SqliteStorage(Storage):
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        return await self._reader.submit(fn)
+        try:
+            return fn(self._loop_conn)
+        except sqlite3.Error as exc:
+            if not (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
+                raise BackendUnavailable(f"sqlite: {exc}") from exc
+        return await self._reader.submit(fn)  # waits for the lock off the event loop
 
     async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any]) -> Any:
         if self._closed:
@@ -346,3 +364,4 @@ class SqliteStorage(Storage):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._writer.stop)
         await loop.run_in_executor(None, self._reader.stop)
+        self._loop_conn.close()
