@@ -221,7 +221,7 @@ class App:
         opts = [
             ("grpc.max_receive_message_length", self.settings.max_receive_bytes),
             ("grpc.max_send_message_length", self.settings.max_receive_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
         ]
         server = grpc.aio.server(options=opts)
         registry = HandlerRegistry(server)

@@ -23,7 +23,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=None, help="backend URL (memory://, sqlite:///path, dynamodb://TABLE?...)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight RPCs on shutdown")
     p.add_argument("--max-receive-bytes", type=int, default=8 * 1024 * 1024)
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
+    p.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
+                   help="run on uvloop when installed (default: on)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the port, one event loop each (default %(default)s)")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
     sec.add_argument("--tokens-file", type=Path, help="JSON file of SHA-256 token hashes -> tenant + role")
     sec.add_argument("--spiffe-map", type=Path, help="JSON file of SPIFFE ids -> tenant + role")
@@ -101,14 +104,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if settings.uvloop:
-        try:
-            import uvloop
+    from . import workers
 
-            uvloop.install()
-        except ImportError:
-            print("--uvloop given but uvloop is not installed; using asyncio", file=sys.stderr)
-    return asyncio.run(serve(settings, create_table=args.create_table))
+    refused = workers.refusal(settings, args.workers)
+    if refused:
+        print(f"fencepost: {refused}", file=sys.stderr)
+        return 2
+    return workers.serve(settings, create_table=args.create_table, workers=args.workers)
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
