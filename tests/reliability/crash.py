@@ -1,6 +1,7 @@
 """The real server as a subprocess (`python -m fencepost_server serve
 --backend URL`), killed with SIGKILL and restarted on the same port and the
-same SQLite file or DynamoDB table."""
+same SQLite file or DynamoDB table. With `--workers N`, one worker process can
+be killed alone (its supervisor restarts it)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,22 @@ class CrashableServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill9()
                 raise RuntimeError(f"server did not start: {err.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.05)
+
+    def kill9_worker(self, pick: int) -> None:
+        """SIGKILL one worker of a `--workers N` server (the `pick`-th, modulo
+        their count) and wait until the supervisor's replacement serves."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        workers = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        out = self.log_dir / f"server-{self.starts}.out"
+        ready = out.read_text(errors="replace").count(READY_LINE)
+        os.kill(workers[pick % len(workers)], signal.SIGKILL)
+        self.kills += 1
+        deadline = time.monotonic() + START_SECONDS
+        while out.read_text(errors="replace").count(READY_LINE) <= ready:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the supervisor did not restart its worker")
             time.sleep(0.05)
 
     def kill9(self) -> None:
