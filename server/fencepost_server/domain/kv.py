@@ -112,7 +112,7 @@ class KvStore:
         if not request_id:
             return await self.storage.put(scoped, value)
         fp = _fingerprint("put", key, hashlib.sha256(value).digest())
-        result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)])
+        result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)], item=scoped)
         return result.versions[0] or ""
 
     async def delete(self, tenant: str, key: str, request_id: str = "") -> bool:
@@ -205,7 +205,8 @@ class KvStore:
 
     # -- helpers -----------------------------------------------------------
     async def _conditional(self, tenant: str, request_id: str, fp: bytes, write: Write) -> CasOutcome:
-        result = await self.requests.transact(tenant, request_id, fp, [], [write])
+        # a single-key write: its marker may be kept with the item (no second item)
+        result = await self.requests.transact(tenant, request_id, fp, [], [write], item=write.key)
         if result.applied:
             return CasOutcome(True, result.versions[0] or "")
         return CasOutcome(False, await self._current_version(write.key))

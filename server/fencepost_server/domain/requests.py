@@ -8,6 +8,12 @@ live in hourly buckets (`#/req/{hour}/{tenant}/{id hash}`); a request is
 checked against the current and the previous bucket, so the dedupe window is
 at least one hour, and buckets older than that are swept by listing a prefix
 (no backend TTL support needed).
+
+Where the backend can (`Storage.keeps_markers_with_items`: the embedded
+backends), the marker of a single-key write is kept with the item it wrote
+rather than as an item of its own at that key; the backend moves it out to its
+key when the item is next overwritten or deleted, so a retry finds it either
+way, and only markers moved out are ever swept.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Callable, Sequence
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ..storage import Check, Expect, Put, Storage, TxnResult, Write
+from ..storage import Check, Marker, Put, Storage, TxnResult, Write
 from .errors import InvalidArgument
 from .keys import GLOBAL_PREFIX
 
@@ -47,12 +53,18 @@ class RequestLog:
         checks: Sequence[Check],
         writes: Sequence[Write],
         failed: Sequence[int] = (),
+        *,
+        item: str | None = None,
     ) -> TxnResult:
         """Run the transaction once per request id. A retry of an applied
         request returns the first outcome (`replayed = True`, the versions the
         first attempt wrote, and the `failed` it was applied with — a Txn's
         failure branch records its failed compares); otherwise the
-        transaction's result (marker excluded)."""
+        transaction's result (marker excluded).
+
+        `item`: the key every attempt of this request writes (a single-key
+        write); the backend may then keep the marker with that item instead
+        of as an item of its own (see `Marker`)."""
         if not request_id:
             return await self.storage.transact(checks, writes)
         if len(request_id) > 128:
@@ -65,34 +77,24 @@ class RequestLog:
                   for w in writes]
         versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS
-        current = self._marker(bucket, tenant, request_id)
-        previous = self._marker(bucket - 1, tenant, request_id)
-        marker = fingerprint + _SEP + json.dumps({"v": versions, "f": list(failed)}).encode()
-        result = await self.storage.transact(
-            [*checks, Check(previous, Expect(exists=False))],
-            [*writes, Put(current, marker, Expect(exists=False))],
-        )
+        value = fingerprint + _SEP + json.dumps({"v": versions, "f": list(failed)}).encode()
+        marker = Marker(self._marker(bucket, tenant, request_id), self._marker(bucket - 1, tenant, request_id),
+                        value, item)
+        result = await self.storage.transact_marked(checks, writes, marker)
         if result.applied:
-            return TxnResult(True, result.versions[:-1])
-        marker_indexes = {len(checks), len(checks) + 1 + len(writes)}
-        if marker_indexes.isdisjoint(result.failed):
-            caller_failed = tuple(i if i < len(checks) else i - 1 for i in result.failed)
-            return TxnResult(False, failed=caller_failed)
-        for key in (current, previous):
-            found = await self.storage.get(key)
-            if found is not None:
-                # rpartition: the JSON never holds a raw newline, a binary fingerprint may
-                first_fp, _, first = found.value.rpartition(_SEP)
-                if first_fp != fingerprint:
-                    raise InvalidArgument(
-                        reasons.REQUEST_ID_REUSED,
-                        "request_id was already used for a different request",
-                        {"request_id": request_id}, field="request_id",
-                    )
-                outcome = json.loads(first)
-                return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True)
-        # The marker vanished between the two calls (swept): treat as not seen.
-        return await self.transact(tenant, request_id, fingerprint, checks, writes, failed)
+            return TxnResult(True, result.versions)
+        if result.marker is None:
+            return TxnResult(False, failed=result.failed)
+        # rpartition: the JSON never holds a raw newline, a binary fingerprint may
+        first_fp, _, first = result.marker.rpartition(_SEP)
+        if first_fp != fingerprint:
+            raise InvalidArgument(
+                reasons.REQUEST_ID_REUSED,
+                "request_id was already used for a different request",
+                {"request_id": request_id}, field="request_id",
+            )
+        outcome = json.loads(first)
+        return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True)
 
     async def sweep(self, batch: int = 500) -> int:
         """Delete markers older than the dedupe window; returns how many."""

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .base import CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
+from .base import CasResult, Check, CountKeys, Item, Marker, Storage, TxnResult, Write
 
 T = TypeVar("T")
 Hook = Callable[[str, float, BaseException | None], None]
@@ -61,6 +61,16 @@ class ObservedStorage(Storage):
         self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
         return await self._observe("transact", self.inner.transact(checks, writes, count))
+
+    @property
+    def keeps_markers_with_items(self) -> bool:  # type: ignore[override]
+        return self.inner.keeps_markers_with_items
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if not self.inner.keeps_markers_with_items:
+            # the default is made of transact + get: observe those calls one by one
+            return await super().transact_marked(checks, writes, marker)
+        return await self._observe("transact", self.inner.transact_marked(checks, writes, marker))
 
     async def ping(self) -> None:
         await self.inner.ping()

@@ -26,6 +26,7 @@ import queue
 import sqlite3
 import threading
 import warnings
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from .base import (
     CountKeys,
     Delete,
     Item,
+    Marker,
     Put,
     Storage,
     TxnResult,
@@ -56,6 +58,35 @@ CREATE TABLE IF NOT EXISTS kv (
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
+
+# Request-id markers kept with the item their request wrote (Marker in
+# storage/base.py): two nullable columns, and triggers that move a marker out
+# to its own row (at its key, the version derived from the item's unique
+# version) whenever its item is overwritten or deleted, on every write path.
+_MARKER_COLUMNS = ("marker_key", "marker_value")
+_MARKER_TRIGGERS = """
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_update AFTER UPDATE ON kv WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_delete AFTER DELETE ON kv WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+"""
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(_SCHEMA)
+    present = {row[1] for row in conn.execute("PRAGMA table_info(kv)")}
+    for column in _MARKER_COLUMNS:
+        if column not in present:
+            try:
+                conn.execute(f"ALTER TABLE kv ADD COLUMN {column} BLOB")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+    conn.executescript(_MARKER_TRIGGERS)
 
 _MAX_BATCH = 512
 _STOP = object()
@@ -107,7 +138,7 @@ class _Worker:
         self._conn = _connect(path, synchronous)
         self._writer = writer
         if writer:
-            self._conn.executescript(_SCHEMA)
+            _create_schema(self._conn)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._next_version = 0
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
@@ -215,12 +246,53 @@ def _read_item(conn: sqlite3.Connection, key: str) -> Item | None:
     return Item(key, rows[0][0], rows[0][1]) if rows else None
 
 
-def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str) -> None:
+def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str, marker: Marker | None = None) -> None:
     conn.execute(
-        "INSERT INTO kv (key, value, version) VALUES (?, ?, ?) "
-        "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version",
-        (key.encode(), value, version),
+        "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+        "marker_key = excluded.marker_key, marker_value = excluded.marker_value",
+        (key.encode(), value, version, *((marker.key.encode(), marker.value) if marker else (None, None))),
     )
+
+
+def _apply(
+    conn: sqlite3.Connection, version: Callable[[], str], checks: Sequence[Check], writes: Sequence[Write],
+    count: CountKeys | None = None, marker: Marker | None = None, *, dry: bool = False,
+) -> TxnResult:
+    """One transaction's conditions and writes inside the writer's transaction
+    (`dry`: evaluate the conditions only). `marker` goes with its item's Put."""
+    conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
+    failed = tuple(
+        i for i, (key, expect) in enumerate(conditions)
+        if expect is not None and not expect.holds(_read_item(conn, key))
+    )
+    if failed or dry:
+        return TxnResult(False, failed=failed)
+    versions: list[str | None] = []
+    for w in writes:
+        if isinstance(w, Put):
+            v = w.version or version()
+            _write(conn, w.key, w.value, v, marker if marker is not None and w.key == marker.item else None)
+            versions.append(v)
+        else:
+            assert isinstance(w, Delete)
+            _erase(conn, w.key)
+            versions.append(None)
+    return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
+
+
+def _stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
+    """The value of `marker` if it is stored: as its own row (either window)
+    or kept with its item."""
+    keys = (marker.key.encode(), marker.previous.encode())
+    rows = conn.execute("SELECT value FROM kv WHERE key IN (?, ?) LIMIT 1", keys).fetchall()
+    if rows:
+        return bytes(rows[0][0])
+    assert marker.item is not None
+    kept = conn.execute("SELECT marker_key, marker_value FROM kv WHERE key = ?", (marker.item.encode(),)).fetchall()
+    if kept and kept[0][0] in keys:
+        return bytes(kept[0][1])
+    return None
 
 
 def _erase(conn: sqlite3.Connection, key: str) -> bool:
@@ -335,25 +407,20 @@ class SqliteStorage(Storage):
     ) -> TxnResult:
         validate_transaction(checks, writes)
 
+        return await self._write_op(lambda conn, version: _apply(conn, version, checks, writes, count))
+
+    keeps_markers_with_items = True
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if marker.item is None or not any(isinstance(w, Put) and w.key == marker.item for w in writes):
+            return await super().transact_marked(checks, writes, marker)
+        validate_transaction(checks, writes)
+
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
-            conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
-            failed = tuple(
-                i for i, (key, expect) in enumerate(conditions)
-                if expect is not None and not expect.holds(_read_item(conn, key))
-            )
-            if failed:
-                return TxnResult(False, failed=failed)
-            versions: list[str | None] = []
-            for w in writes:
-                if isinstance(w, Put):
-                    v = w.version or version()
-                    _write(conn, w.key, w.value, v)
-                    versions.append(v)
-                else:
-                    assert isinstance(w, Delete)
-                    _erase(conn, w.key)
-                    versions.append(None)
-            return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
+            stored = _stored_marker(conn, marker)
+            if stored is not None:  # applied before: apply nothing, say which conditions fail now
+                return replace(_apply(conn, version, checks, writes, dry=True), marker=stored)
+            return _apply(conn, version, checks, writes, marker=marker)
 
         return await self._write_op(op)
 
