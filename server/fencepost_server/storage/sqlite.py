@@ -60,11 +60,14 @@ INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
 
 # Request-id markers kept with the item their request wrote (Marker in
-# storage/base.py): two nullable columns, and triggers that move a marker out
-# to its own row (at its key, the version derived from the item's unique
-# version) whenever its item is overwritten or deleted, on every write path.
+# storage/base.py): two nullable columns, a partial index to find a marker by
+# its key (a request id reused for another key is still recognised), and
+# triggers that move a marker out to its own row (at its key, the version
+# derived from the item's unique version) whenever its item is overwritten or
+# deleted, on every write path.
 _MARKER_COLUMNS = ("marker_key", "marker_value")
 _MARKER_TRIGGERS = """
+CREATE INDEX IF NOT EXISTS kv_marker ON kv (marker_key) WHERE marker_key IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_update AFTER UPDATE ON kv WHEN OLD.marker_key IS NOT NULL
 BEGIN
   INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
@@ -282,17 +285,13 @@ def _apply(
 
 
 def _stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
-    """The value of `marker` if it is stored: as its own row (either window)
-    or kept with its item."""
+    """The value of `marker` if it is stored (either window): as its own row
+    or kept with an item."""
     keys = (marker.key.encode(), marker.previous.encode())
     rows = conn.execute("SELECT value FROM kv WHERE key IN (?, ?) LIMIT 1", keys).fetchall()
-    if rows:
-        return bytes(rows[0][0])
-    assert marker.item is not None
-    kept = conn.execute("SELECT marker_key, marker_value FROM kv WHERE key = ?", (marker.item.encode(),)).fetchall()
-    if kept and kept[0][0] in keys:
-        return bytes(kept[0][1])
-    return None
+    if not rows:
+        rows = conn.execute("SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys).fetchall()
+    return bytes(rows[0][0]) if rows else None
 
 
 def _erase(conn: sqlite3.Connection, key: str) -> bool:
