@@ -148,10 +148,13 @@ class _Worker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[..., Any]) -> asyncio.Future[Any]:
+    def submit(self, op: Callable[..., Any], savepoint: bool = True) -> asyncio.Future[Any]:
+        """Queue `op`. `savepoint=False` for an op that modifies at most one
+        statement's worth (SQLite undoes a failed statement by itself), which
+        spares two statements per op in the batch."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((op, loop, fut))
+        self._queue.put((op, loop, fut, savepoint))
         return fut
 
     def stop(self) -> None:
@@ -179,7 +182,7 @@ class _Worker:
                     stop = True
                     break
                 batch.append(nxt)
-            outcomes = self._commit(batch) if self._writer else [self._call(op, (self._conn,)) for op, _, _ in batch]
+            outcomes = self._commit(batch) if self._writer else [self._call(op, (self._conn,)) for op, *_ in batch]
             _answer(batch, outcomes)
             if stop:
                 return
@@ -191,19 +194,26 @@ class _Worker:
         except Exception as exc:
             return False, exc
 
-    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any], bool]]
+                ) -> list[tuple[bool, Any]]:
         conn = self._conn
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
+            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchall()[0]
             self._next_version = start
-            for op, _, _ in batch:
-                conn.execute("SAVEPOINT op")
+            for op, _, _, savepoint in batch:
+                if savepoint:
+                    conn.execute("SAVEPOINT op")
                 outcome = self._call(op, (conn, self._version))
-                conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
-                if not outcome[0]:
-                    conn.execute("RELEASE op")  # one bad op must not sink the batch
+                if savepoint:
+                    conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
+                    if not outcome[0]:
+                        conn.execute("RELEASE op")  # one bad op must not sink the batch
+                elif not outcome[0] and not conn.in_transaction:
+                    # some errors (disk full, I/O) roll the whole transaction back:
+                    # nothing of this batch was applied, and the rest must not run unbatched
+                    raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
                 outcomes.append(outcome)
             conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
@@ -218,11 +228,11 @@ class _Worker:
 
 
 def _answer(
-    batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]], outcomes: list[tuple[bool, Any]]
+    batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any], bool]], outcomes: list[tuple[bool, Any]]
 ) -> None:
     """Hand results back: one wake-up per event loop per batch."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for (_, loop, fut), (ok, value) in zip(batch, outcomes):
+    for (_, loop, fut, _), (ok, value) in zip(batch, outcomes):
         if not ok and isinstance(value, sqlite3.Error):
             value = BackendUnavailable(f"sqlite: {value}")
         by_loop.setdefault(loop, []).append((fut, ok, value))
@@ -328,10 +338,12 @@ class SqliteStorage(Storage):
                 raise BackendUnavailable(f"sqlite: {exc}") from exc
         return await self._reader.submit(fn)  # waits for the lock off the event loop
 
-    async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any]) -> Any:
+    async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any],
+                        savepoint: bool = False) -> Any:
+        """`savepoint`: `fn` may modify with more than one statement."""
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        return await self._writer.submit(fn)
+        return await self._writer.submit(fn, savepoint)
 
     # -- KV core -----------------------------------------------------------
     async def get(self, key: str) -> Item | None:
@@ -406,7 +418,8 @@ class SqliteStorage(Storage):
     ) -> TxnResult:
         validate_transaction(checks, writes)
 
-        return await self._write_op(lambda conn, version: _apply(conn, version, checks, writes, count))
+        return await self._write_op(lambda conn, version: _apply(conn, version, checks, writes, count),
+                                    savepoint=len(writes) > 1 or count is not None)
 
     keeps_markers_with_items = True
 
@@ -421,7 +434,7 @@ class SqliteStorage(Storage):
                 return replace(_apply(conn, version, checks, writes, dry=True), marker=stored)
             return _apply(conn, version, checks, writes, marker=marker)
 
-        return await self._write_op(op)
+        return await self._write_op(op, savepoint=len(writes) > 1)
 
     async def close(self) -> None:
         if self._closed:
