@@ -47,15 +47,8 @@ _RESTART_PAUSE = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
-#: GIL hand-over interval of a server process. The default (5 ms) lets a busy
-#: event loop keep the GIL that long while the SQLite writer thread, back from
-#: its fsync, waits to answer a whole batch; 0.5 ms keeps group commit flowing.
-SWITCH_INTERVAL = 0.0005
-
-
 def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
     """Run `main` on uvloop when asked for and installed, else on asyncio."""
-    sys.setswitchinterval(SWITCH_INTERVAL)
     if use_uvloop:
         try:
             import uvloop
