@@ -11,7 +11,7 @@ from fencepost import reasons
 from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
-from .keys import TenantKeys
+from .keys import TenantKeys, tenant_keys
 from .limits import Limits
 from .paging import decode_token, encode_token, page_size
 from .requests import RequestLog
@@ -82,7 +82,7 @@ class KvStore:
     # -- reads -------------------------------------------------------------
     async def get(self, tenant: str, key: str) -> Item | None:
         check_key(key, self.limits)
-        keys = TenantKeys(tenant)
+        keys = tenant_keys(tenant)
         item = await self.storage.get(keys.kv(key))
         return Item(key, item.value, item.version) if item else None
 
@@ -90,7 +90,7 @@ class KvStore:
         check_key(prefix, self.limits, "prefix", allow_empty=True)
         limit = page_size(self.limits, size)
         after = decode_token(prefix, token)
-        keys = TenantKeys(tenant)
+        keys = tenant_keys(tenant)
         scoped_after = keys.kv(after) if after is not None else None
         # One extra row tells whether another page exists without a second call.
         if values:
@@ -108,7 +108,7 @@ class KvStore:
     async def put(self, tenant: str, key: str, value: bytes, request_id: str = "") -> str:
         check_key(key, self.limits)
         check_value(value, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             return await self.storage.put(scoped, value)
         fp = _fingerprint("put", key, hashlib.sha256(value).digest())
@@ -117,7 +117,7 @@ class KvStore:
 
     async def delete(self, tenant: str, key: str, request_id: str = "") -> bool:
         check_key(key, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             return await self.storage.delete(scoped)
         fp = _fingerprint("delete", key)
@@ -128,7 +128,7 @@ class KvStore:
     async def put_if_absent(self, tenant: str, key: str, value: bytes, request_id: str = "") -> CasOutcome:
         check_key(key, self.limits)
         check_value(value, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.put_if_absent(scoped, value)
             return CasOutcome(res.applied, res.version or "")
@@ -141,7 +141,7 @@ class KvStore:
         check_key(key, self.limits)
         check_value(value, self.limits)
         self._check_version(expected)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.put_if_version(scoped, value, expected)
             return CasOutcome(res.applied, res.version or "")
@@ -151,7 +151,7 @@ class KvStore:
     async def delete_if_version(self, tenant: str, key: str, expected: str, request_id: str = "") -> CasOutcome:
         check_key(key, self.limits)
         self._check_version(expected)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.delete_if_version(scoped, expected)
             return CasOutcome(res.applied, res.version or "")
@@ -170,7 +170,7 @@ class KvStore:
         atomically. The failure branch is applied conditioned on the exact state
         that made the compares fail, so the decision and the writes are atomic."""
         self._check_txn(compares, success, failure)
-        keys = TenantKeys(tenant)
+        keys = tenant_keys(tenant)
         cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
         success_s = [_scope_write(keys, w) for w in success]
         failure_s = [_scope_write(keys, w) for w in failure]

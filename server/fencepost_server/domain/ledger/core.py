@@ -15,7 +15,7 @@ from fencepost import reasons
 from ...storage import Item, Storage, StorageError
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
-from .layout import LeaseState, Meta, SessionKeys, session_not_found
+from .layout import LeaseState, Meta, SessionKeys, session_keys, session_not_found
 
 log = logging.getLogger("fencepost.ledger")
 
@@ -135,7 +135,7 @@ class LedgerBase:
 
     # -- helpers --------------------------------------------------------------------
     def keys(self, tenant: str, sid: str) -> SessionKeys:
-        return SessionKeys(tenant, sid)
+        return session_keys(tenant, sid)
 
     def ttl(self, ttl: float | None) -> float:
         if ttl is None or ttl <= 0:
