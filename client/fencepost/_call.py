@@ -101,9 +101,10 @@ class Caller:
     ) -> Any:
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        policy = retry or self.retry
-        delays = policy.delays() if safe else []
-        md = self._metadata(metadata)
+        # the common case (channel-wide metadata only) reuses one list; the
+        # backoff schedule is drawn only once a call has failed
+        md = self._metadata(metadata) if metadata else (self.metadata or None)
+        delays: list[float] | None = None
         attempt = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -113,6 +114,8 @@ class Caller:
                 return await method(request, timeout=remaining, metadata=md)
             except grpc.aio.AioRpcError as exc:
                 err = translate(exc)
+                if delays is None:
+                    delays = (retry or self.retry).delays() if safe else []
                 if attempt >= len(delays) or not _retryable(err, safe):
                     raise err from exc
             delay = delays[attempt]

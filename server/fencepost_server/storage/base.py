@@ -170,11 +170,12 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
     ops = len(checks) + len(writes)
     if ops > MAX_TXN_OPS:
         raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")
-    size = sum(len(op.key.encode()) for op in (*checks, *writes))
-    size += sum(len(w.value) for w in writes if isinstance(w, Put))
+    keys = [c.key for c in checks]
+    keys += [w.key for w in writes]
+    size = sum(len(k.encode()) for k in keys)  # one pass per list: on every write path
+    size += sum(len(w.value) for w in writes if type(w) is Put)
     if size > MAX_TXN_BYTES:
         raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
-    keys = [op.key for op in (*checks, *writes)]
     if len(set(keys)) != len(keys):
         raise InvalidTransaction("a transaction names one key more than once")
 

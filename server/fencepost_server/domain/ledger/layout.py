@@ -172,8 +172,11 @@ def parse_seq(value: bytes) -> int:
     return int(value.decode())
 
 
+_CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # built once, not per value
+
+
 def dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    return _CANONICAL.encode(obj).encode()
 
 
 @dataclass(frozen=True, slots=True)
