@@ -12,12 +12,13 @@ that each leave one layer out:
     servicer    the undecorated servicer method (no interceptor, auth or metrics) on the bare backend
     backend     only the backend calls the op makes (KV ops)
 
-    python -m bench breakdown
+    python -m bench breakdown       (FENCEPOST_BENCH_OPS=put,commit for some ops only)
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 import uuid
@@ -145,9 +146,12 @@ class _Ops:
             "get": (kv + "Get", lambda i: kv_pb2.GetRequest(key=f"bench/{i % 1000}"), None),
             "cas": (kv + "PutIfVersion", lambda i: kv_pb2.PutIfVersionRequest(
                 key=f"cas/{i % IN_FLIGHT}", value=VALUE, expected_version=st["versions"][i % IN_FLIGHT]), cas_done),
+            "cas (request id)": (kv + "PutIfVersion", lambda i: kv_pb2.PutIfVersionRequest(
+                key=f"cas/{i % IN_FLIGHT}", value=VALUE, expected_version=st["versions"][i % IN_FLIGHT],
+                request_id=os.urandom(16).hex()), cas_done),
             "commit": (ledger + "Commit", lambda i: ledger_pb2.CommitRequest(
                 session_id=st["sids"][i % IN_FLIGHT], generation=st["gens"][i % IN_FLIGHT],
-                expected_seq=st["seqs"][i % IN_FLIGHT], records=[VALUE], commit_id=uuid.uuid4().hex), commit_done),
+                expected_seq=st["seqs"][i % IN_FLIGHT], records=[VALUE], commit_id=os.urandom(16).hex()), commit_done),
             "deliver": (ledger + "Deliver", lambda i: ledger_pb2.DeliverRequest(
                 session_id=st["sids"][i % IN_FLIGHT], payload=VALUE), None),
             "renew": (ledger + "RenewLease", lambda i: ledger_pb2.RenewLeaseRequest(
@@ -156,7 +160,7 @@ class _Ops:
             "acquire": (ledger + "AcquireLease", lambda i: ledger_pb2.AcquireLeaseRequest(
                 session_id=st["sids"][i % IN_FLIGHT], holder_id="bench", ttl=ttl), acquire_done),
             "journal append": ("/fencepost.v1.JournalService/AppendTurn", lambda i: journal_pb2.AppendTurnRequest(
-                agent=f"bench-{i % 8}", request_id=uuid.uuid4().hex, record=journal_pb2.TurnRecord(
+                agent=f"bench-{i % 8}", request_id=os.urandom(16).hex(), record=journal_pb2.TurnRecord(
                     at="2026-01-01T00:00:00Z", session_id=f"s{i}", channel_id="c", status=1,
                     user_message="x" * 150)), None),
         }
@@ -205,7 +209,10 @@ async def _breakdown(report: Reporter, backend: str, open_storage: Callable[[], 
         await with_metrics.setup()
         without.state = with_metrics.state
         versions = {s: await storage.put(f"default/kv/bcas/{s}", VALUE) for s in range(IN_FLIGHT)}
+        only = os.environ.get("FENCEPOST_BENCH_OPS", "")
         for name in with_metrics.requests():
+            if only and name not in only.split(","):
+                continue
             full = await _cpu_per_call(_variant(with_metrics, name, "full"))
             bare = await _cpu_per_call(_variant(without, name, "full"))
             servicer = await _cpu_per_call(_variant(without, name, "servicer"))

@@ -20,20 +20,51 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 from fencepost import reasons
-from fencepost.keys import encode_segment
 
 from ..storage import Check, Marker, Put, Storage, TxnResult, Write
 from .errors import InvalidArgument
-from .keys import GLOBAL_PREFIX
+from .keys import GLOBAL_PREFIX, tenant_keys
 
 BUCKET_SECONDS = 3600
+_POOL_BYTES = 4096
 _PREFIX = GLOBAL_PREFIX + "req/"
 _SEP = b"\n"  # fingerprint (32 bytes) + SEP + JSON {"v": versions written, "f": failed compares}
+
+
+class _RandomHex(threading.local):
+    """128-bit random hex tokens cut from a pooled os.urandom read: one system
+    call per 256 tokens rather than one per write. (os.urandom drops the GIL,
+    and on a busy event loop the SQLite writer thread takes it; getting it
+    back costs more than the call.) One pool per thread, so no token is
+    handed out twice."""
+
+    def __init__(self) -> None:
+        self.pool, self.at = b"", 0
+
+    def __call__(self) -> str:
+        if self.at + 16 > len(self.pool):
+            self.pool, self.at = os.urandom(_POOL_BYTES), 0
+        self.at += 16
+        return self.pool[self.at - 16:self.at].hex()
+
+
+_random_hex = _RandomHex()
+
+
+def _outcome_json(versions: Sequence[str | None], failed: Sequence[int]) -> bytes:
+    """`json.dumps({"v": versions, "f": failed})`, byte for byte, without the
+    encoder's per-call set-up for the common case (versions of letters and
+    digits, ASCII); anything else goes through json."""
+    if all(v is None or (v.isascii() and v.isalnum()) for v in versions):
+        v = ", ".join("null" if v is None else f'"{v}"' for v in versions)
+        return f'{{"v": [{v}], "f": [{", ".join(str(int(i)) for i in failed)}]}}'.encode()
+    return json.dumps({"v": list(versions), "f": list(failed)}).encode()
 
 
 class RequestLog:
@@ -42,8 +73,13 @@ class RequestLog:
         self.clock = clock
 
     def _marker(self, bucket: int, tenant: str, request_id: str) -> str:
+        return self._markers(bucket, tenant, request_id)[0]
+
+    def _markers(self, bucket: int, tenant: str, request_id: str) -> tuple[str, str]:
+        """The request's marker keys in window `bucket` and the one before."""
         digest = hashlib.sha256(request_id.encode()).hexdigest()
-        return f"{_PREFIX}{bucket:010d}/{encode_segment(tenant)}/{digest}"
+        segment = tenant_keys(tenant).root  # the encoded tenant + "/", built once per tenant
+        return f"{_PREFIX}{bucket:010d}/{segment}{digest}", f"{_PREFIX}{bucket - 1:010d}/{segment}{digest}"
 
     async def transact(
         self,
@@ -73,13 +109,12 @@ class RequestLog:
             )
         # The versions are chosen here so the marker can record them in the same
         # transaction: a replay reports what the first attempt wrote.
-        writes = [Put(w.key, w.value, w.expect, w.version or "r" + uuid.uuid4().hex) if isinstance(w, Put) else w
+        writes = [Put(w.key, w.value, w.expect, w.version or "r" + _random_hex()) if isinstance(w, Put) else w
                   for w in writes]
         versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS
-        value = fingerprint + _SEP + json.dumps({"v": versions, "f": list(failed)}).encode()
-        marker = Marker(self._marker(bucket, tenant, request_id), self._marker(bucket - 1, tenant, request_id),
-                        value, item)
+        value = fingerprint + _SEP + _outcome_json(versions, failed)
+        marker = Marker(*self._markers(bucket, tenant, request_id), value, item)
         result = await self.storage.transact_marked(checks, writes, marker)
         if result.applied:
             return TxnResult(True, result.versions)
