@@ -103,6 +103,7 @@ class Metrics:
         # the cells of each label set, found with one dict lookup per call
         self._rpc_cells: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
         self._backend_cells: dict[tuple[str, bool], tuple[list[int], list[float]]] = {}
+        self._grants = self.lease_events.labels("grant")  # on every granting RPC: look it up once
 
     # -- RpcObserver -------------------------------------------------------
     def rpc_done(self, method: str, code: str, reason: str, seconds: float) -> None:
@@ -115,7 +116,7 @@ class Metrics:
             if reason in _LEASE_EVENTS:
                 self.lease_events.labels(_LEASE_EVENTS[reason]).inc()
         elif code == "OK" and method.endswith(_GRANTING_RPCS):
-            self.lease_events.labels("grant").inc()
+            self._grants.inc()
         if rpc_log.isEnabledFor(logging.DEBUG):
             who = caller_or_none()
             rpc_log.debug("rpc", extra={"method": method, "code": code, "reason": reason,

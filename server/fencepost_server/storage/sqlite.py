@@ -259,13 +259,26 @@ def _read_item(conn: sqlite3.Connection, key: str) -> Item | None:
     return Item(key, rows[0][0], rows[0][1]) if rows else None
 
 
+_UPSERT = (
+    "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+    "marker_key = excluded.marker_key, marker_value = excluded.marker_value"
+)
+
+
 def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str, marker: Marker | None = None) -> None:
-    conn.execute(
-        "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?) "
-        "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
-        "marker_key = excluded.marker_key, marker_value = excluded.marker_value",
-        (key.encode(), value, version, *((marker.key.encode(), marker.value) if marker else (None, None))),
-    )
+    kept = (marker.key.encode(), marker.value) if marker else (None, None)
+    conn.execute(_UPSERT, (key.encode(), value, version, *kept))
+
+
+def _read_items(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Item]:
+    """The items present at `keys`, read with one statement."""
+    if len(keys) == 1:
+        item = _read_item(conn, keys[0])
+        return {item.key: item} if item else {}
+    marks = ", ".join("?" * len(keys))
+    rows = conn.execute(f"SELECT key, value, version FROM kv WHERE key IN ({marks})", [k.encode() for k in keys])
+    return {k.decode(): Item(k.decode(), v, ver) for k, v, ver in rows.fetchall()}
 
 
 def _apply(
@@ -273,24 +286,36 @@ def _apply(
     count: CountKeys | None = None, marker: Marker | None = None, *, dry: bool = False,
 ) -> TxnResult:
     """One transaction's conditions and writes inside the writer's transaction
-    (`dry`: evaluate the conditions only). `marker` goes with its item's Put."""
+    (`dry`: evaluate the conditions only). `marker` goes with its item's Put.
+    The conditions are read with one statement and the writes made with one
+    per kind (keys are distinct), whatever their number: fewer round trips
+    into SQLite, each of which hands the GIL over."""
     conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
+    conditioned = [key for key, expect in conditions if expect is not None]
+    current = _read_items(conn, conditioned) if conditioned else {}
     failed = tuple(
         i for i, (key, expect) in enumerate(conditions)
-        if expect is not None and not expect.holds(_read_item(conn, key))
+        if expect is not None and not expect.holds(current.get(key))
     )
     if failed or dry:
         return TxnResult(False, failed=failed)
     versions: list[str | None] = []
+    rows: list[tuple[Any, ...]] = []
+    erased: list[tuple[bytes]] = []
     for w in writes:
         if isinstance(w, Put):
             v = w.version or version()
-            _write(conn, w.key, w.value, v, marker if marker is not None and w.key == marker.item else None)
+            kept = marker if marker is not None and w.key == marker.item else None
+            rows.append((w.key.encode(), w.value, v, *((kept.key.encode(), kept.value) if kept else (None, None))))
             versions.append(v)
         else:
             assert isinstance(w, Delete)
-            _erase(conn, w.key)
+            erased.append((w.key.encode(),))
             versions.append(None)
+    if rows:
+        conn.executemany(_UPSERT, rows)
+    if erased:
+        conn.executemany("DELETE FROM kv WHERE key = ?", erased)
     return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
 
 
