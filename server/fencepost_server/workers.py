@@ -45,6 +45,7 @@ log = logging.getLogger("fencepost.workers")
 #: a worker that dies sooner than this after its start is restarted after a pause
 _RESTART_PAUSE = 1.0
 _PR_SET_PDEATHSIG = 1
+READY_LINE = b"fencepost serving on"
 
 
 def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
@@ -84,6 +85,7 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     started: float
     pending: bytes = b""
+    ready: bool = False
 
 
 class Supervisor:
@@ -102,8 +104,14 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
         try:
-            for i in range(self.count):
-                self._start(i)
+            self._start(0)
+            if self.create_table:  # the first worker creates the table before the others open it
+                while self.workers and not self.workers[0].ready and not self.stopping:
+                    self._pump(0.2)
+                    self._reap()
+            for i in range(1, self.count):
+                if not self.stopping:
+                    self._start(i)
             while self.workers:
                 self._pump(0.2)
                 self._reap()
@@ -158,6 +166,7 @@ class Supervisor:
                 continue
             *lines, worker.pending = (worker.pending + chunk).split(b"\n")
             for line in lines:
+                worker.ready = worker.ready or line.startswith(READY_LINE)
                 sys.stdout.buffer.write(line + b"\n")
             sys.stdout.flush()
 

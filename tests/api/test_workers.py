@@ -28,7 +28,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _wait_for(predicate, what: str, seconds: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, what: str, seconds: float = 180.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
