@@ -11,7 +11,7 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -49,6 +49,7 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
     `FENCEPOST_TLS_CERT` / `FENCEPOST_TLS_KEY`, `FENCEPOST_TLS_SERVER_NAME`;
     see `fencepost._env`), else 127.0.0.1:50051 in plaintext. Explicit
     arguments win; `token=""` sends no token whatever the environment says.
+    `env` replaces `os.environ` as the source of those defaults.
     """
 
     def __init__(
@@ -62,15 +63,16 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
         retry: RetryPolicy = DEFAULT_RETRY,
         options: list[tuple[str, Any]] | None = None,
         channel: grpc.aio.Channel | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         md = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
-        token = resolve_token(token)
+        token = resolve_token(token, env)
         if token:
             md.append(("authorization", f"Bearer {token}"))
         if channel is None:
-            target = resolve_target(target)
+            target = resolve_target(target, env)
             if credentials is None:
-                tls = resolve_tls()
+                tls = resolve_tls(env=env)
                 if tls.enabled:
                     credentials, tls_options = tls.credentials()
                     options = [*(options or []), *tls_options]

@@ -63,7 +63,7 @@ async def test_kv_get_put_del_ls_cas(srv: RunningServer) -> None:
     got = await cli(srv, "kv", "get", "app/greeting", "--json")
     assert got.rc == 0 and got.json() == {"key": "app/greeting", "version": version, "value": "hello",
                                           "value_b64": "aGVsbG8="}
-    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello\n"
+    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello"  # the bytes, no newline added
 
     assert (await cli(srv, "kv", "put", "app/other", "x")).rc == 0
     listed = await cli(srv, "kv", "ls", "app/", "--json")
@@ -80,7 +80,7 @@ async def test_kv_get_put_del_ls_cas(srv: RunningServer) -> None:
     assert refused.rc == Exit.NOT_APPLIED == 4
     assert refused.json() == {"key": "app/greeting", "applied": False, "version": version}
     assert (await cli(srv, "kv", "cas", "app/greeting", "new", "--absent")).rc == Exit.NOT_APPLIED
-    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello\n"
+    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello"  # the bytes, no newline added
     applied = await cli(srv, "kv", "cas", "app/greeting", "new", "--expect", version, "--json")
     assert applied.rc == 0 and applied.json()["applied"] is True and applied.json()["version"] != version
     new_version = applied.json()["version"]
@@ -207,7 +207,7 @@ async def test_journal_append_and_read(srv: RunningServer) -> None:
     assert records[1]["at"]  # filled in with now
     assert "reading journal: " in tty.getvalue()
     table = await cli(srv, "journal", "read", "agent-j")
-    assert table.out.splitlines()[0].split() == ["AT", "SESSION", "STATUS", "TITLE"]
+    assert table.out.splitlines()[0].split() == ["AT", "SESSION", "STATUS", "TITLE", "USER", "MESSAGE"]
     assert "first turn" in table.out
     raw = await cli(srv, "journal", "read", "agent-j", "--raw")
     assert [json.loads(line) for line in raw.out.splitlines()] == records

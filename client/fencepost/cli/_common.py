@@ -115,6 +115,20 @@ class Out:
         for row in rows:
             self.stdout.write(fmt.format(*row).rstrip() + "\n")
 
+    def raw(self, data: bytes) -> None:
+        """Bytes exactly as they are, to stdout's byte stream. Only on a
+        terminal is a newline added after a value that lacks one (so the
+        prompt does not run on); pipes and files get the bytes alone."""
+        self.stdout.flush()
+        buffer = getattr(self.stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (in-process callers): lossless for any bytes
+            self.stdout.write(data.decode("utf-8", "surrogateescape"))
+        else:
+            buffer.write(data)
+            buffer.flush()
+        if data and not data.endswith(b"\n") and _isatty(self.stdout):
+            self.stdout.write("\n")
+
     def note(self, message: str) -> None:
         self.stderr.write(message + "\n")
 
@@ -276,7 +290,7 @@ def connect(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         except ConnectionConfigError as exc:
             raise UsageError(str(exc)) from exc
     return AsyncClient(resolve_target(args.endpoint, env), token=resolve_token(args.token, env) or "",
-                       credentials=credentials, timeout=args.timeout, options=options or None)
+                       credentials=credentials, timeout=args.timeout, options=options or None, env=env)
 
 
 Handler = Callable[[AsyncClient, argparse.Namespace, Out], Awaitable[int | None]]

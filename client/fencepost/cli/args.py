@@ -90,7 +90,8 @@ def add_version_flag(parser: argparse.ArgumentParser, server: str | None = None)
         def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
             from .._version import version_line
 
-            parser.exit(0, version_line(parser.prog, server) + "\n")
+            print(version_line(parser.prog, server))
+            parser.exit(0)
 
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="print the server, SDK and proto versions and exit")

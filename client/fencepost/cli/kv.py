@@ -13,8 +13,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     kv = sub.add_parser("kv", help="read and write keys (KvService)", description="read and write keys")
     cmds = kv.add_subparsers(dest="kv_command", required=True, metavar="COMMAND", parser_class=parser_class)
 
-    p = add_command(cmds, "get", _get, "print a key's value (exit 3 when absent)", parents)
+    p = add_command(cmds, "get", _get, "write a key's value, its exact bytes, to stdout or --out FILE "
+                    "(exit 3 when absent); --json prints a document with the value base64-encoded", parents)
     p.add_argument("key")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the value's bytes to FILE instead of stdout")
 
     p = add_command(cmds, "put", _put, "write a key; prints the new version", parents)
     p.add_argument("key")
@@ -44,7 +46,14 @@ async def _get(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     entry = await fp.get(args.key)
     if entry is None:
         raise Miss(f"key {args.key!r} not found")
-    out.emit({"key": entry.key, "version": entry.version, **blob(entry.value)}, text=show_bytes(entry.value))
+    if args.out is not None:
+        args.out.write_bytes(entry.value)
+        if out.json:
+            out.emit({"key": entry.key, "version": entry.version, "bytes": len(entry.value), "out": str(args.out)})
+    elif out.json:
+        out.emit({"key": entry.key, "version": entry.version, **blob(entry.value)})
+    else:
+        out.raw(entry.value)
     return Exit.OK
 
 

@@ -84,7 +84,12 @@ def session_doc(info: SessionInfo) -> dict[str, Any]:
 
 def _session_text(doc: dict[str, Any]) -> str:
     lease = doc["lease"]
-    state = "live" if lease["live"] else "released" if lease["released"] else "expired" if lease["generation"] else "none"
+    if lease["live"]:
+        state = "live"
+    elif not lease["generation"]:
+        state = "never leased"  # generation 0: no holder has ever had it (not "released")
+    else:
+        state = "released" if lease["released"] else "expired"
     rows = [
         ("session", doc["session_id"]), ("agent", doc["agent"]), ("key", doc["session_key"]),
         ("seq", doc["seq"]), ("pending", doc["pending"]),
