@@ -355,7 +355,16 @@ async def test_tls_flags_token_and_denied_exit_7(tmp_path: Path) -> None:
         out = io.StringIO()
         rc = await amain(["kv", "get", "k", *tls], stdout=out, stderr=io.StringIO(),
                          env={"FENCEPOST_ENDPOINT": target, "FENCEPOST_TOKEN": "token-tenant-a"})
-        assert rc == 0 and out.getvalue() == "v\n"
+        assert rc == 0 and out.getvalue() == "v"
+        # the same TLS settings from the environment alone (the SDK's variables)
+        out = io.StringIO()
+        tls_env = {"FENCEPOST_ENDPOINT": target, "FENCEPOST_TOKEN": "token-tenant-a",
+                   "FENCEPOST_TLS_CA": str(tmp_path / "ca.pem"), "FENCEPOST_TLS_CERT": str(tmp_path / "client.pem"),
+                   "FENCEPOST_TLS_KEY": str(tmp_path / "client.key"), "FENCEPOST_TLS_SERVER_NAME": "localhost"}
+        rc = await amain(["kv", "get", "k"], stdout=out, stderr=io.StringIO(), env=tls_env)
+        assert rc == 0 and out.getvalue() == "v"
+        async with fencepost.AsyncClient(env=tls_env) as fp:
+            assert (await fp.get("k")).value == b"v"  # type: ignore[union-attr]
         denied = await cli(target, "kv", "get", "k", *tls, "--token", "wrong", "--json")
         assert denied.rc == Exit.DENIED == 7
         assert json.loads(denied.err)["error"]["code"] == "UNAUTHENTICATED"
