@@ -21,7 +21,7 @@ from fencepost.cli.args import (
     readable_file,
 )
 
-from . import cli_dynamodb
+from . import cli_dynamodb, tracing
 from . import __version__
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
@@ -92,7 +92,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(settings: Settings, *, create_table: bool = False) -> int:
+async def serve(settings: Settings, *, create_table: bool = False, tracing_line: str | None = None) -> int:
     from .app import App
 
     app = App(settings, storage=open_storage(settings))
@@ -113,7 +113,8 @@ async def serve(settings: Settings, *, create_table: bool = False) -> int:
     backend = settings.backend_url()
     if app.backend_problem:
         backend += f" (NOT SERVING until it answers: {app.backend_problem})"
-    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}", flush=True)
+    extra = f" — {tracing_line}" if tracing_line else ""
+    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,10 +151,21 @@ def _install_event_loop(settings: Settings) -> None:
             log.warning("--uvloop given but uvloop is not installed; using asyncio")
 
 
+def _tracing_from_env() -> str | None:
+    try:
+        return tracing.configure_from_env()
+    except tracing.TracingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _preflight(args)
+    tracing_line = _tracing_from_env()
     _install_event_loop(settings)
-    return asyncio.run(serve(settings, create_table=args.create_table))
+    try:
+        return asyncio.run(serve(settings, create_table=args.create_table, tracing_line=tracing_line))
+    finally:
+        tracing.shutdown()
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
