@@ -208,6 +208,8 @@ class App:
         self.auth = auth or DefaultTenantAuthenticator(settings.default_tenant)
         self.observer = observer or self.metrics
         raw = storage or open_backend(settings.backend_url())
+        #: how logs name the backend (a backend handed in by a test has no URL of its own)
+        self.backend_label = settings.backend_url() if storage is None or settings.backend else type(raw).__name__
         self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
         self.metrics_port: int | None = None
         self.health = health.aio.HealthServicer()
@@ -257,7 +259,7 @@ class App:
         self.backend_problem = await self._probe_once()
         await self._set_serving(self.backend_problem is None)
         if self.backend_problem is not None:
-            log.warning("backend %s not answering: %s", self.settings.backend_url(), self.backend_problem)
+            log.warning("backend %s not answering: %s", self.backend_label, self.backend_problem)
         loops = [*ctx.background, lambda: self._sweep_requests(ctx.requests), self._probe_backend]
         self._tasks = [asyncio.create_task(_guard(loop)) for loop in loops]
         return port
@@ -289,8 +291,9 @@ class App:
             await self.health.set(name, status)
 
     async def _probe_once(self) -> str | None:
-        """None when the backend answers a cheap probe, else why not."""
-        timeout = self.settings.health_probe_seconds
+        """None when the backend answers a cheap probe, else why not. (The
+        first call may open connections: never less than 5 s to answer.)"""
+        timeout = max(self.settings.health_probe_seconds, 5.0)
         try:
             await asyncio.wait_for(self.storage.ping(), timeout=timeout)
         except asyncio.TimeoutError:
@@ -310,10 +313,10 @@ class App:
             problem = await self._probe_once()
             now = time.monotonic()
             if problem is not None and (healthy or now - warned_at >= self.settings.backend_warning_seconds):
-                log.warning("backend %s not answering: %s", self.settings.backend_url(), problem)
+                log.warning("backend %s not answering: %s", self.backend_label, problem)
                 warned_at = now
             elif problem is None and not healthy:
-                log.warning("backend %s answers again; serving", self.settings.backend_url())
+                log.warning("backend %s answers again; serving", self.backend_label)
             ok = problem is None
             self.backend_problem = problem
             if ok != healthy and not self._draining:
