@@ -153,7 +153,7 @@ async def test_sdk_defaults_come_from_the_environment(srv: RunningServer, monkey
 
 def readme_holder_loop() -> str:
     readme = (ROOT / "README.md").read_text()
-    intro = readme.index("A holder's loop with the Python SDK:")
+    intro = readme.index("A holder's loop with the Python SDK")
     match = re.search(r"```python\n(.*?)```", readme[intro:], re.S)
     assert match, "the README's holder loop example is gone"
     return match.group(1)
