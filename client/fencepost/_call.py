@@ -23,10 +23,16 @@ def _trace_injector() -> Callable[[dict[str, str]], None] | None:
     whatever OTEL_PROPAGATORS names) when opentelemetry-api is installed;
     the SDK does not require it. With no active span it adds nothing."""
     try:
-        from opentelemetry import propagate
+        from opentelemetry import context, propagate
     except ImportError:
         return None
-    return propagate.inject
+    current, inject = context.get_current, propagate.inject
+
+    def inject_when_in_a_trace(carrier: dict[str, str]) -> None:
+        if current():  # an empty context (no span, no baggage) has nothing to send
+            inject(carrier)
+
+    return inject_when_in_a_trace
 
 
 _inject = _trace_injector()

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..client import AsyncClient
+from .args import non_negative_int
 from ._common import Exit, Miss, Out, UsageError, add_command, blob, clip, read_input, show_bytes
 
 
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p = add_command(cmds, "ls", _ls, "list keys under a prefix, in key order", parents)
     p.add_argument("prefix", nargs="?", default="")
     p.add_argument("--keys-only", action="store_true", help="list keys only (no values fetched)")
-    p.add_argument("--limit", type=int, default=0, help="stop after N entries (0: all)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="stop after N entries (0: all)")
 
     p = add_command(cmds, "cas", _cas, "compare-and-set: write (or delete) only if the key is at a version "
                     "(exit 4 when not applied)", parents)

@@ -11,6 +11,7 @@ from typing import Any
 from .._memory import KINDS, STRATEGIES, TRUST
 from ..client import AsyncClient
 from ..v1 import memory_pb2 as pb
+from .args import non_negative_int
 from ._common import Exit, Miss, Out, UsageError, add_command, clip, message_dict, read_input
 
 
@@ -34,13 +35,13 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 
     p = add_command(cmds, "list", _list, "live entries, oldest first", parents)
     p.add_argument("agent")
-    p.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="at most N entries (0: all)")
     p.add_argument("--all-validity", action="store_true", help="include entries outside their validity window")
 
     p = add_command(cmds, "search", _search, "live entries matching every query token (newest first, or --strategy)", parents)
     p.add_argument("agent")
     p.add_argument("query")
-    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--limit", type=non_negative_int, default=0, help="at most N entries (0: the server default)")
     p.add_argument("--strategy", choices=sorted(STRATEGIES))
 
     p = add_command(cmds, "pin", _pin, "pin an entry (exit 4 when the pin is refused)", parents)
