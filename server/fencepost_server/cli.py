@@ -21,8 +21,7 @@ from fencepost.cli.args import (
     readable_file,
 )
 
-from . import cli_dynamodb, tracing
-from . import __version__
+from . import __version__, cli_dynamodb, tracing
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
 
@@ -41,33 +40,36 @@ class Exit:
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server")
-    p.add_argument("--listen", type=host_port, default="127.0.0.1:50051",
+    p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server",
+                       epilog="exit codes: 0 stopped, 1 unexpected failure, 2 a flag or configuration file "
+                              "that cannot work, 3 cannot start here (port in use, state root unusable); "
+                              "see docs/cli.md")
+    p.add_argument("--listen", type=host_port, metavar="HOST:PORT", default="127.0.0.1:50051",
                    help="HOST:PORT to serve gRPC on, PORT 1..65535 or 0 for any free one (default %(default)s)")
-    p.add_argument("--state-root", default=".fencepost", type=Path,
+    p.add_argument("--state-root", default=".fencepost", type=Path, metavar="DIR",
                    help="directory of the default SQLite backend's fencepost.db (default %(default)s)")
-    p.add_argument("--backend", default=None,
+    p.add_argument("--backend", default=None, metavar="URL",
                    help="backend URL: memory://, sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R "
                         "(default: sqlite under --state-root)")
-    p.add_argument("--grace", type=non_negative_seconds, default=10.0,
+    p.add_argument("--grace", type=non_negative_seconds, metavar="SECONDS", default=10.0,
                    help="seconds >= 0 to drain in-flight RPCs on shutdown (default %(default)s)")
-    p.add_argument("--max-receive-bytes", type=positive_int, default=8 * 1024 * 1024,
+    p.add_argument("--max-receive-bytes", type=positive_int, metavar="BYTES", default=8 * 1024 * 1024,
                    help="largest request or response message in bytes (default %(default)s)")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
-    sec.add_argument("--tokens-file", type=readable_file, help="JSON file of SHA-256 token hashes -> tenant + role")
-    sec.add_argument("--spiffe-map", type=readable_file, help="JSON file of SPIFFE ids -> tenant + role")
-    sec.add_argument("--tls-cert", type=readable_file, help="server certificate (PEM)")
-    sec.add_argument("--tls-key", type=readable_file, help="server private key (PEM)")
-    sec.add_argument("--tls-client-ca", type=readable_file, help="CA for client certificates: turns on mTLS")
+    sec.add_argument("--tokens-file", type=readable_file, metavar="FILE", help="JSON file of SHA-256 token hashes -> tenant + role")
+    sec.add_argument("--spiffe-map", type=readable_file, metavar="FILE", help="JSON file of SPIFFE ids -> tenant + role")
+    sec.add_argument("--tls-cert", type=readable_file, metavar="PEM", help="server certificate (PEM)")
+    sec.add_argument("--tls-key", type=readable_file, metavar="PEM", help="server private key (PEM)")
+    sec.add_argument("--tls-client-ca", type=readable_file, metavar="PEM", help="CA for client certificates: turns on mTLS")
     sec.add_argument("--trust-xfcc", action="store_true",
                      help="trust the sidecar's x-forwarded-client-cert header (mesh-terminated mTLS)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback --listen without authentication (never in production)")
     obs = p.add_argument_group("observability (tracing: the standard OTEL_* variables, see README)")
-    obs.add_argument("--metrics-listen", type=host_port, help="HOST:PORT for Prometheus /metrics (off by default)")
+    obs.add_argument("--metrics-listen", type=host_port, metavar="HOST:PORT", help="HOST:PORT for Prometheus /metrics (off by default)")
     obs.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
-    obs.add_argument("--log-level", type=log_level, default="INFO",
+    obs.add_argument("--log-level", type=log_level, default="INFO", metavar="LEVEL",
                      help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO); DEBUG also prints "
                           "the traceback of a failed start")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
@@ -135,6 +137,8 @@ def _preflight(args: argparse.Namespace) -> Settings:
     then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
     check_config(settings, insecure=args.insecure)
+    if args.create_table and not (settings.backend or "").startswith("dynamodb://"):
+        raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
     check_listen(settings.listen, "--listen")
     if settings.metrics_listen:
         check_listen(settings.metrics_listen, "--metrics-listen")

@@ -168,3 +168,12 @@ def test_version(tmp_path: Path) -> None:
                             timeout=60)
     assert client.returncode == 0 and f"sdk {fencepost.__version__}" in client.stdout
     assert line.split("@ ")[1] == client.stdout.strip().split("@ ")[1]  # one proto revision
+
+
+def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
+    assert_refused(serve("--create-table", "--backend", "memory://", cwd=tmp_path), USAGE,
+                   "--create-table", "dynamodb://")
+
+
+def test_non_loopback_without_authentication(tmp_path: Path) -> None:
+    assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
