@@ -270,7 +270,8 @@ def common_parser() -> argparse.ArgumentParser:
                    help="per-call deadline in seconds, > 0 (default %(default)s)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true",
-                   help="machine-readable output: one JSON document (JSON lines for streams)")
+                   help="machine-readable output: one JSON document (JSON lines for streams); "
+                        "bytes as UTF-8 text (null if not UTF-8) plus base64 in *_b64")
     o.add_argument("--no-progress", action="store_true", help="never draw the progress line on stderr")
     return p
 
