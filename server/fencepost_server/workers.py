@@ -70,12 +70,13 @@ def refusal(settings: Settings, workers: int) -> str | None:
     return None
 
 
-def serve(settings: Settings, *, create_table: bool, workers: int) -> int:
-    """`fencepost serve`: in this process, or as the supervisor of `workers` processes."""
+def serve(settings: Settings, *, create_table: bool, workers: int, tracing_line: str | None = None) -> int:
+    """`fencepost serve`: in this process, or as the supervisor of `workers`
+    processes (each configures tracing from the same environment)."""
     from .cli import serve as serve_one
 
     if workers == 1:
-        return run_loop(serve_one(settings, create_table=create_table), settings.uvloop)
+        return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
     return Supervisor(settings, workers, create_table).run()
 
 
@@ -234,9 +235,18 @@ def _worker_main() -> int:
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s %(levelname)s worker-{os.environ.get('FENCEPOST_WORKER', '?')} %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+    from . import tracing
     from .cli import serve as serve_one
+    from .startup import ConfigError, StartFailure
 
-    return run_loop(serve_one(settings, create_table=create_table), settings.uvloop)
+    try:
+        tracing_line = tracing.configure_from_env()  # checked by the supervisor already
+        return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
+    except (ConfigError, StartFailure) as exc:  # logged; the supervisor restarts the worker
+        log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
+        return 3
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ be killed alone (its supervisor restarts it)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,8 +61,7 @@ class CrashableServer:
         """SIGKILL one worker of a `--workers N` server (the `pick`-th, modulo
         their count) and wait until the supervisor's replacement serves."""
         assert self.proc is not None
-        pid = self.proc.pid
-        workers = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        workers = _children(self.proc.pid)
         out = self.log_dir / f"server-{self.starts}.out"
         ready = out.read_text(errors="replace").count(READY_LINE)
         os.kill(workers[pick % len(workers)], signal.SIGKILL)
@@ -73,10 +73,19 @@ class CrashableServer:
             time.sleep(0.05)
 
     def kill9(self) -> None:
-        """SIGKILL: no drain, no flush, no close."""
+        """SIGKILL: no drain, no flush, no close. A `--workers` server is
+        killed whole: the supervisor and every worker (as a crash of the
+        machine or a kill of its process group would)."""
         if self.proc is not None and self.proc.poll() is None:
+            workers = _children(self.proc.pid)
             self.proc.send_signal(signal.SIGKILL)
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+            deadline = time.monotonic() + 30
+            while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.01)  # gone, port released, before the restart binds it again
             self.kills += 1
         self.proc = None
 
@@ -89,3 +98,9 @@ class CrashableServer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
+
+
+def _children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
