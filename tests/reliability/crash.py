@@ -84,7 +84,7 @@ class CrashableServer:
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
             deadline = time.monotonic() + 30
-            while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
                 time.sleep(0.01)  # gone, port released, before the restart binds it again
             self.kills += 1
         self.proc = None
@@ -104,3 +104,10 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     return []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped holds no socket)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
