@@ -323,9 +323,10 @@ def _stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
     """The value of `marker` if it is stored (either window): as its own row
     or kept with an item."""
     keys = (marker.key.encode(), marker.previous.encode())
-    rows = conn.execute("SELECT value FROM kv WHERE key IN (?, ?) LIMIT 1", keys).fetchall()
-    if not rows:
-        rows = conn.execute("SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys).fetchall()
+    rows = conn.execute(
+        "SELECT value FROM kv WHERE key IN (?, ?) "
+        "UNION ALL SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys + keys,
+    ).fetchall()
     return bytes(rows[0][0]) if rows else None
 
 
