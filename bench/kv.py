@@ -5,17 +5,19 @@ read from /proc) next to one client process driving all of them with the same
 closed-loop harness: a bare grpc.aio echo server (the floor), fencepost over
 memory:// and over SQLite through raw stubs, SQLite through the SDK, fenced
 ledger commits, and SQLite with `--workers 2` against the same server with one
-worker over several client channels. Rounds are interleaved (each round drives
-every target in turn, so noise on this shared machine lands on all of them
-alike); the median of the rounds is reported, then each target's ratio with
-pass/fail, then backend calls per RPC.
+worker over several client channels. Each round measures the figures a target
+compares back to back (echo, memory, SQLite, SDK for one op), so a ratio is
+taken at one moment of this shared machine; a target's value is the median
+of its per-round ratios (each round's values are printed too), then backend
+calls per RPC.
 
-    python -m bench kv     FENCEPOST_BENCH_SECONDS=1 FENCEPOST_BENCH_ROUNDS=1 for a quick look
+    python -m bench kv     FENCEPOST_BENCH_SECONDS=0.5 FENCEPOST_BENCH_ROUNDS=1 for a quick look
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,9 +37,9 @@ from .harness import Reporter, Result, cpu_seconds, fencepost_server, free_port,
 
 VALUE = b"v" * 200
 KEYS = 1000
-SECONDS = float(os.environ.get("FENCEPOST_BENCH_SECONDS", "3"))
-WARMUP = 0.5
-ROUNDS = int(os.environ.get("FENCEPOST_BENCH_ROUNDS", "3"))
+SECONDS = float(os.environ.get("FENCEPOST_BENCH_SECONDS", "1.5"))
+WARMUP = 0.3
+ROUNDS = int(os.environ.get("FENCEPOST_BENCH_ROUNDS", "5"))
 CHANNELS = 4  # client channels (TCP connections) for the --workers comparison
 #: a channel of its own: grpc would otherwise share one connection among equal channels
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -99,13 +101,82 @@ def _sdk_ops(client: fencepost.AsyncClient, conc: int) -> dict[str, Call]:
     return {"put": put, "get": get, "cas": cas}
 
 
-async def _drive(figures: Figures, target: str, ops: dict[str, Call], conc: int, pid: int) -> None:
-    for op, call in ops.items():
+class _Targets:
+    """Every server's channels (kept open across rounds) and the measurements."""
+
+    def __init__(self, ports: dict[str, int], pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.channels = {
+            "echo": _channels(ports["echo"], 1), "memory": _channels(ports["memory"], 1),
+            "sqlite": _channels(ports["sqlite"], 1), "sqlite 1 worker": _channels(ports["sqlite"], CHANNELS),
+            "sqlite 2 workers": _channels(ports["workers"], CHANNELS),
+        }
+        self.server = {"echo": "echo", "memory": "memory", "sqlite": "sqlite", "sqlite 1 worker": "sqlite",
+                       "sqlite 2 workers": "workers", "sqlite sdk": "sqlite", "sqlite ledger": "sqlite"}
+        self.sdk = fencepost.AsyncClient(f"127.0.0.1:{ports['sqlite']}")
+        self.sessions: list[list[Any]] = []
+
+    async def measure(self, target: str, op: str, conc: int) -> Result:
+        if target == "echo":
+            echo = self.channels["echo"][0].unary_unary("/bench.Echo/Echo")
+
+            async def call(i: int) -> None:
+                await echo(VALUE)
+        elif target == "sqlite sdk":
+            call = _sdk_ops(self.sdk, conc)[op]
+        elif target == "sqlite ledger":
+            call = await self._commit_call(conc)
+        else:
+            call = _raw_ops(self.channels[target], conc)[op]
         seed = getattr(call, "seed", None)
         if seed is not None:
             await seed()
-        figures[(target, op, conc)] = await measure_for(
-            call, concurrency=conc, seconds=SECONDS, warmup=WARMUP, cpu=lambda: cpu_seconds(pid))
+        pid = self.pids[self.server[target]]
+        return await measure_for(call, concurrency=conc, seconds=SECONDS, warmup=WARMUP,
+                                 cpu=lambda: cpu_seconds(pid))
+
+    async def _commit_call(self, conc: int) -> Call:
+        """Fenced commits (one 200-byte record and a commit id: what the SDK
+        sends), one session per caller slot, through a raw stub."""
+        if not self.sessions:
+            tag = uuid.uuid4().hex[:8]
+            for s in range(conc):
+                sid = (await self.sdk.open_session("bench", f"{tag}-{s}")).session_id
+                gen = (await self.sdk.acquire_lease(sid, "bench", ttl=3600)).generation
+                self.sessions.append([sid, gen, 0])
+        ledger = ledger_pb2_grpc.LedgerServiceStub(self.channels["sqlite"][0])
+        slots = self.sessions
+
+        async def commit(i: int) -> None:
+            slot = slots[i % conc]
+            res = await ledger.Commit(ledger_pb2.CommitRequest(
+                session_id=slot[0], generation=slot[1], expected_seq=slot[2], records=[VALUE],
+                commit_id=os.urandom(16).hex()))
+            slot[2] = res.seq
+
+        return commit
+
+    async def close(self) -> None:
+        for chs in self.channels.values():
+            await _close(chs)
+        await self.sdk.close()
+
+
+#: the measurements of one round, in order: each group is measured back to back,
+#: so the ratios within a group see the same moment of this shared machine
+def _groups() -> list[list[tuple[str, str, int]]]:
+    groups: list[list[tuple[str, str, int]]] = []
+    for conc in (1, 64):
+        for op in ("put", "get", "cas"):
+            group = [("echo", "echo", conc), ("memory", op, conc), ("sqlite", op, conc)]
+            if conc == 64:
+                group.append(("sqlite sdk", op, conc))
+                if op == "put":
+                    group.append(("sqlite ledger", "commit", conc))
+            groups.append(group)
+    for op in ("put", "get"):
+        groups.append([("sqlite 1 worker", op, 64), ("sqlite 2 workers", op, 64)])
+    return groups
 
 
 def _channels(port: int, n: int) -> list[grpc.aio.Channel]:
@@ -117,117 +188,80 @@ async def _close(channels: list[grpc.aio.Channel]) -> None:
         await ch.close()
 
 
-async def _echo(figures: Figures, port: int, pid: int) -> None:
-    channels = _channels(port, 1)
-    echo = channels[0].unary_unary("/bench.Echo/Echo")
-
-    async def call(i: int) -> None:
-        await echo(VALUE)
-
-    for conc in (1, 64):
-        await _drive(figures, "echo", {"echo": call}, conc, pid)
-    await _close(channels)
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
-async def _raw(figures: Figures, target: str, port: int, pid: int, *, in_flight: tuple[int, ...] = (1, 64),
-               channels: int = 1, ops: tuple[str, ...] = ("put", "get", "cas")) -> None:
-    chs = _channels(port, channels)
-    for conc in in_flight:
-        chosen = {op: call for op, call in _raw_ops(chs, conc).items() if op in ops}
-        await _drive(figures, target, chosen, conc, pid)
-    await _close(chs)
+Target = tuple[str, Callable[[Figures], float], str, Callable[[float], bool]]
 
 
-async def _sdk(figures: Figures, port: int, pid: int) -> None:
-    async with fencepost.AsyncClient(f"127.0.0.1:{port}", timeout=30) as client:
-        await _drive(figures, "sqlite sdk", _sdk_ops(client, 64), 64, pid)
+def _target_list() -> list[Target]:
+    """Each target of spec/performance.md: name, its figure from one round, bound, check."""
+    def rate(f: Figures, target: str, op: str, conc: int) -> float:
+        return f[(target, op, conc)].rate
 
+    def p50(f: Figures, target: str, op: str, conc: int) -> float:
+        return f[(target, op, conc)].p50_ms
 
-async def _ledger(figures: Figures, port: int, pid: int) -> None:
-    """Fenced commits (one record of 200 bytes, a commit id: what the SDK
-    sends), one session per caller slot, through raw stubs."""
-    conc = 64
-    async with fencepost.AsyncClient(f"127.0.0.1:{port}", timeout=30) as client:
-        tag = uuid.uuid4().hex[:8]
-        slots = []
-        for s in range(conc):
-            sid = (await client.open_session("bench", f"{tag}-{s}")).session_id
-            slots.append([sid, (await client.acquire_lease(sid, "bench", ttl=600)).generation, 0])
-    chs = _channels(port, 1)
-    ledger = ledger_pb2_grpc.LedgerServiceStub(chs[0])
-
-    async def commit(i: int) -> None:
-        slot = slots[i % conc]
-        res = await ledger.Commit(ledger_pb2.CommitRequest(
-            session_id=slot[0], generation=slot[1], expected_seq=slot[2], records=[VALUE],
-            commit_id=uuid.uuid4().hex))
-        slot[2] = res.seq
-
-    await _drive(figures, "sqlite ledger", {"commit": commit}, conc, pid)
-    await _close(chs)
-
-
-def _median(results: list[Result]) -> Result:
-    return sorted(results, key=lambda r: r.rate)[len(results) // 2]
-
-
-def _targets(report: Reporter, med: Figures) -> None:
-    """Each target of spec/performance.md: the ratio, the bound, pass/fail."""
-    rows: list[tuple[str, float, str, bool]] = []
-
-    def rate(target: str, op: str, conc: int) -> float:
-        return med[(target, op, conc)].rate
-
-    def p50(target: str, op: str, conc: int) -> float:
-        return med[(target, op, conc)].p50_ms
-
-    def at_least(name: str, value: float, bound: float) -> None:
-        rows.append((name, value, f">= {bound:.2f}", value >= bound))
-
-    for op, bound in (("put", 0.90), ("get", 0.90), ("cas", 0.90)):
-        at_least(f"memory {op} / echo, 64 in flight", rate("memory", op, 64) / rate("echo", "echo", 64), bound)
-    for op, bound in (("put", 0.90), ("get", 0.90), ("cas", 0.85)):
-        at_least(f"sqlite {op} / memory {op}, 64 in flight", rate("sqlite", op, 64) / rate("memory", op, 64), bound)
-    extra = p50("sqlite", "put", 1) - p50("echo", "echo", 1)
-    rows.append(("sqlite put p50 - echo p50 (ms), 1 in flight", extra, "<= 0.40", extra <= 0.40))
-    ratio = p50("sqlite", "get", 1) / p50("memory", "get", 1)
-    rows.append(("sqlite get p50 / memory get p50, 1 in flight", ratio, "<= 1.10", ratio <= 1.10))
+    out: list[Target] = []
     for op in ("put", "get", "cas"):
-        at_least(f"sdk {op} / raw stub {op} (sqlite, 64 in flight)", rate("sqlite sdk", op, 64) / rate("sqlite", op, 64),
-                 0.90)
-    at_least("ledger commit / kv put (sqlite, 64 in flight)", rate("sqlite ledger", "commit", 64)
-             / rate("sqlite", "put", 64), 0.75)
+        out.append((f"memory {op} / echo, 64 in flight",
+                    lambda f, op=op: rate(f, "memory", op, 64) / rate(f, "echo", "echo", 64), ">= 0.90",
+                    lambda v: v >= 0.90))
+    for op, bound in (("put", 0.90), ("get", 0.90), ("cas", 0.85)):
+        out.append((f"sqlite {op} / memory {op}, 64 in flight",
+                    lambda f, op=op: rate(f, "sqlite", op, 64) / rate(f, "memory", op, 64), f">= {bound:.2f}",
+                    lambda v, bound=bound: v >= bound))
+    out.append(("sqlite put p50 - echo p50 (ms), 1 in flight",
+                lambda f: p50(f, "sqlite", "put", 1) - p50(f, "echo", "echo", 1), "<= 0.40", lambda v: v <= 0.40))
+    out.append(("sqlite get p50 / memory get p50, 1 in flight",
+                lambda f: p50(f, "sqlite", "get", 1) / p50(f, "memory", "get", 1), "<= 1.10", lambda v: v <= 1.10))
+    for op in ("put", "get", "cas"):
+        out.append((f"sdk {op} / raw stub {op} (sqlite, 64 in flight)",
+                    lambda f, op=op: rate(f, "sqlite sdk", op, 64) / rate(f, "sqlite", op, 64), ">= 0.90",
+                    lambda v: v >= 0.90))
+    out.append(("ledger commit / kv put (sqlite, 64 in flight)",
+                lambda f: rate(f, "sqlite ledger", "commit", 64) / rate(f, "sqlite", "put", 64), ">= 0.75",
+                lambda v: v >= 0.75))
     for op in ("put", "get"):
-        at_least(f"--workers 2 / --workers 1 sqlite {op} ({CHANNELS} channels, 64)",
-                 rate("sqlite 2 workers", op, 64) / rate("sqlite 1 worker", op, 64), 1.30)
-    for name, value, bound, ok in rows:
-        report(f"target: {name}", value=round(value, 3), bound=bound, result="PASS" if ok else "FAIL")
+        out.append((f"--workers 2 / --workers 1 sqlite {op} ({CHANNELS} channels, 64 in flight)",
+                    lambda f, op=op: rate(f, "sqlite 2 workers", op, 64) / rate(f, "sqlite 1 worker", op, 64),
+                    ">= 1.30", lambda v: v >= 1.30))
+    return out
 
 
 async def run(report: Reporter) -> None:
+    """Rounds of back-to-back groups; each figure and each target's ratio is
+    the median over the rounds of its per-round value."""
     runs: list[Figures] = []
-    names = ("echo", "memory", "sqlite", "workers")
-    ports = {name: free_port() for name in names}
+    ports = {name: free_port() for name in ("echo", "memory", "sqlite", "workers")}
     with tempfile.TemporaryDirectory() as tmp, \
             subprocess_server(["-m", "bench.echo_server", str(ports["echo"])], ports["echo"]) as echo, \
             fencepost_server(ports["memory"], "memory://") as memory, \
             fencepost_server(ports["sqlite"], f"sqlite://{Path(tmp) / 'bench.db'}") as sqlite, \
             fencepost_server(ports["workers"], f"sqlite://{Path(tmp) / 'workers.db'}", workers=2) as workers:
-        for _ in range(ROUNDS):
-            figures: Figures = {}
-            await _echo(figures, ports["echo"], echo.pid)
-            await _raw(figures, "memory", ports["memory"], memory.pid)
-            await _raw(figures, "sqlite", ports["sqlite"], sqlite.pid)
-            await _sdk(figures, ports["sqlite"], sqlite.pid)
-            await _ledger(figures, ports["sqlite"], sqlite.pid)
-            for target, port, pid in (("sqlite 1 worker", ports["sqlite"], sqlite.pid),
-                                      ("sqlite 2 workers", ports["workers"], workers.pid)):
-                await _raw(figures, target, port, pid, in_flight=(64,), channels=CHANNELS, ops=("put", "get"))
-            runs.append(figures)
-    med = {key: _median([r[key] for r in runs]) for key in runs[0]}
-    for (target, op, conc), res in med.items():
-        report.result(f"{target} {op} in_flight={conc}", res, srv_us_per_call=round(res.cpu_us or 0.0))
-    _targets(report, med)
+        targets = _Targets(ports, {"echo": echo.pid, "memory": memory.pid, "sqlite": sqlite.pid,
+                                   "workers": workers.pid})
+        try:
+            for _ in range(ROUNDS):
+                figures: Figures = {}
+                for group in _groups():
+                    for key in group:
+                        figures[key] = await targets.measure(*key)
+                runs.append(figures)
+        finally:
+            await targets.close()
+    for key in runs[0]:
+        results = [r[key] for r in runs]
+        target, op, conc = key
+        report(f"{target} {op} in_flight={conc}", calls_per_s=_median([r.rate for r in results]),
+               p50_ms=_median([r.p50_ms for r in results]), p99_ms=_median([r.p99_ms for r in results]),
+               srv_us_per_call=round(_median([r.cpu_us or 0.0 for r in results])))
+    for name, figure, bound, check in _target_list():
+        values = [figure(r) for r in runs]
+        value = _median(values)
+        report(f"target: {name}", value=round(value, 3), bound=bound, result="PASS" if check(value) else "FAIL",
+               rounds=" ".join(f"{v:.2f}" for v in values))
     await backend_calls_per_rpc(report)
 
 
