@@ -26,8 +26,8 @@ import queue
 import sqlite3
 import threading
 import warnings
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
                 if "duplicate column" not in str(exc):
                     raise
     conn.executescript(_MARKER_TRIGGERS)
+
 
 _MAX_BATCH = 512
 _STOP = object()
