@@ -128,3 +128,22 @@ def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: lis
     )
     assert res.returncode == 2
     assert "--workers" in res.stderr
+
+
+def test_uvloop_is_the_default_and_no_uvloop_turns_it_off() -> None:
+    from fencepost_server.cli import build_parser
+    from fencepost_server.workers import run_loop
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).uvloop is True
+    assert parse(["serve", "--uvloop"]).uvloop is True  # still accepted
+    assert parse(["serve", "--no-uvloop"]).uvloop is False
+    assert parse(["serve"]).workers == 1
+
+    async def on_uvloop() -> int:
+        import asyncio
+
+        return int(type(asyncio.get_running_loop()).__module__.startswith("uvloop"))
+
+    assert run_loop(on_uvloop(), use_uvloop=True) == 1
+    assert run_loop(on_uvloop(), use_uvloop=False) == 0
