@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fencepost.cli import register as register_client_commands
 
-from . import cli_dynamodb
+from . import cli_dynamodb, cli_lifecycle
 from .config import Settings
 
 
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _hash_token_parser(sub)
     cli_dynamodb.register(sub)
+    cli_lifecycle.register(sub)  # backup / restore / migrate
     register_client_commands(sub)  # kv / ledger / journal / memory over gRPC
     return parser
 
