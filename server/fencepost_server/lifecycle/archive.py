@@ -123,7 +123,11 @@ def _header(line: bytes) -> Header:
         raise ArchiveError("not a fencepost archive (no header)")
     if raw.get("v") != VERSION:
         raise ArchiveError(f"archive format version {raw.get('v')!r} is not supported (this build reads {VERSION})")
-    return Header(str(raw["source"]), str(raw["consistency"]), list(raw.get("watermarks") or []), str(raw["created"]))
+    try:
+        return Header(str(raw["source"]), str(raw["consistency"]), [str(w) for w in raw.get("watermarks") or []],
+                      str(raw["created"]))
+    except (KeyError, TypeError) as exc:
+        raise ArchiveError(f"line 1: malformed header ({exc!r})") from None
 
 
 def _items(raw: dict[str, Any], where: str) -> list[Item]:
