@@ -253,6 +253,8 @@ class DynamoStorage(Storage):
 
     async def reserve_versions(self, tokens: Iterable[str]) -> None:
         wanted = highest_per_family(tokens)
+        if not wanted:  # random tokens only: nothing to remember
+            return
         client = await self.client()
         if self._watermarks is None:
             self._watermarks = highest_per_family(await bulk.read_watermarks(client, self.table, self.retry))
