@@ -9,7 +9,7 @@ plus the partition directory, and checkpoints every page. moto executes one
 request at a time, so absolute figures say little: the ratio migrate / raw
 (copy phase, items/s) is the figure (target >= 70%). The verification pass
 that follows the copy (a second read of both sides) is reported apart.
-Each side runs twice, interleaved; the ratio uses each side's better round.
+Each side runs three times, interleaved; the ratio uses each side's better round.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .harness import Reporter
 ITEMS = 3000
 VALUE_BYTES = 200
 TENANTS = 6
-ROUNDS = 2
+ROUNDS = 3
 
 
 def _items() -> list[Item]:

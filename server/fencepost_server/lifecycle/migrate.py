@@ -23,6 +23,7 @@ then verify both sides range by range.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
@@ -88,6 +89,11 @@ def work_dir_for(source_url: str, target_url: str, root: Path = DEFAULT_WORK_ROO
     return root / hashlib.sha256(f"{source_url}\n{target_url}".encode()).hexdigest()[:16]
 
 
+#: pages being written at once: the next page starts while the last requests
+#: of the previous one finish, so the target never idles at a page boundary
+PAGES_IN_FLIGHT = 2
+
+
 async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress) -> None:
     pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
 
@@ -96,20 +102,33 @@ async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int
             await pages.put(items)
         await pages.put(None)
 
+    async def settle_oldest() -> None:
+        # The checkpoint only moves past a page once it and every page before
+        # it are written; a later page that landed first is written again on
+        # resume, which leaves the same items.
+        task, items = writing.popleft()
+        await task
+        checkpoint.last_key = items[-1].key
+        checkpoint.copied += len(items)
+        checkpoint.save()
+        progress.advance(len(items))
+
+    writing: collections.deque[tuple[asyncio.Task[None], list[Item]]] = collections.deque()
     reader = asyncio.create_task(read())
     try:
         while (items := await pages.get()) is not None:
-            await target.import_items(items)
-            checkpoint.last_key = items[-1].key
-            checkpoint.copied += len(items)
-            checkpoint.save()
-            progress.advance(len(items))
+            writing.append((asyncio.create_task(target.import_items(items)), items))
+            if len(writing) >= PAGES_IN_FLIGHT:
+                await settle_oldest()
+        while writing:
+            await settle_oldest()
         await reader
     finally:
-        if not reader.done():
-            reader.cancel()
+        for task in [reader, *(t for t, _ in writing)]:
+            if not task.done():
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, StorageError):
-                await reader
+                await task
 
 
 async def migrate(

@@ -62,9 +62,11 @@ def directory_item(partition: str) -> Attributes:
     return {PARTITION_KEY: {"S": DIRECTORY_PK}, SORT_KEY: {"S": partition}}
 
 
-async def batch_put(client: Any, table: str, items: Sequence[Attributes], retry: RetryPolicy) -> None:
-    """Put every item (blind), BATCH_WRITE_ITEMS per request, IN_FLIGHT at once."""
-    gate = asyncio.Semaphore(IN_FLIGHT)
+async def batch_put(
+    client: Any, table: str, items: Sequence[Attributes], retry: RetryPolicy, gate: asyncio.Semaphore
+) -> None:
+    """Put every item (blind), BATCH_WRITE_ITEMS per request, as many requests
+    at once as `gate` lets through (shared by every import of one process)."""
 
     async def send(chunk: list[Attributes]) -> None:
         requests = [{"PutRequest": {"Item": item}} for item in chunk]

@@ -107,6 +107,7 @@ class DynamoStorage(Storage):
         # The stored version watermarks as last read or written (bulk.py);
         # None until the first import of this process needs them.
         self._watermarks: dict[str, tuple[int, str]] | None = None
+        self._bulk_gate = asyncio.Semaphore(bulk.IN_FLIGHT)  # BatchWriteItem requests in flight
 
     @classmethod
     def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
@@ -247,9 +248,10 @@ class DynamoStorage(Storage):
         await self.reserve_versions(item.version for item in items)
         client = await self.client()
         if partitions:
-            await bulk.batch_put(client, self.table, [bulk.directory_item(p) for p in partitions], self.retry)
+            entries = [bulk.directory_item(p) for p in partitions]
+            await bulk.batch_put(client, self.table, entries, self.retry, self._bulk_gate)
             self._remember(list(partitions))
-        await bulk.batch_put(client, self.table, puts, self.retry)
+        await bulk.batch_put(client, self.table, puts, self.retry, self._bulk_gate)
 
     async def reserve_versions(self, tokens: Iterable[str]) -> None:
         wanted = highest_per_family(tokens)
