@@ -34,7 +34,16 @@ from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, Storage, StorageError
 from .progress import Progress
-from .stores import Exit, LifecycleError, Source, count_snapshot, is_empty, open_existing, source
+from .stores import (
+    Exit,
+    LifecycleError,
+    Source,
+    count_snapshot,
+    is_empty,
+    open_existing,
+    remove_sqlite_files,
+    source,
+)
 from .verify import Comparison, compare
 
 DEFAULT_WORK_ROOT = Path(".fencepost-migrate")
@@ -172,8 +181,7 @@ async def migrate(
                 checkpoint.phase = "done"
                 checkpoint.save()
         if verification.same and src.snapshot_file is not None:
-            for suffix in ("", "-wal", "-shm"):
-                src.snapshot_file.with_name(src.snapshot_file.name + suffix).unlink(missing_ok=True)
+            remove_sqlite_files(src.snapshot_file)  # kept until now for a resumed run
     except StorageError as exc:
         raise LifecycleError(f"migration {source_url} -> {target_url} failed: {exc} "
                              "(run the same command again to resume)") from exc

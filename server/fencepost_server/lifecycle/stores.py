@@ -75,7 +75,7 @@ class Source:
         return self.consistency == "snapshot"
 
 
-def _remove_sqlite_files(path: Path) -> None:
+def remove_sqlite_files(path: Path) -> None:
     for suffix in ("", "-wal", "-shm"):
         path.with_name(path.name + suffix).unlink(missing_ok=True)
 
@@ -94,7 +94,7 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
 
         if not (reuse and snapshot_file.exists()):
             partial = snapshot_file.with_name(snapshot_file.name + ".partial")
-            _remove_sqlite_files(partial)
+            remove_sqlite_files(partial)
             snapshot_file.parent.mkdir(parents=True, exist_ok=True)
             await take(partial)
             partial.replace(snapshot_file)
@@ -104,7 +104,7 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
         finally:
             await copy.close()
             if not keep:
-                _remove_sqlite_files(snapshot_file)
+                remove_sqlite_files(snapshot_file)
     finally:
         await live.close()
 

@@ -277,9 +277,10 @@ class Storage(abc.ABC):
 
     async def version_watermarks(self) -> list[str]:
         """The highest token of every counter family this backend has minted
-        or reserved. An export carries them, and the import target reserves
-        them: a version that was deleted before the export can then never be
-        minted again either."""
+        or reserved (SQLite keeps only its own family, the one family a
+        durable backend mints). An export carries them, and the import target
+        reserves them: a version that was deleted before the export can then
+        never be minted again either."""
         raise NotImplementedError(f"{type(self).__name__} keeps no version watermarks")
 
     # -- lifecycle ---------------------------------------------------------
