@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fencepost.cli.args import positive_int
+
 from .storage import EXPORT_PAGE
 
 _EXIT_CODES = """exit codes: 0 done (and verified), 1 a backend failed (migrate: run it again to resume),
@@ -27,9 +29,10 @@ def register(subparsers: Any) -> None:
                     "the table's point-in-time recovery for disaster recovery.",
         epilog=f"{_URLS}\n{_EXIT_CODES}",
     )
-    p.add_argument("--backend", required=True, help="the store to back up (URL)")
-    p.add_argument("--out", required=True, type=Path, help="archive file to write (.gz: compressed)")
-    p.add_argument("--page", type=int, default=EXPORT_PAGE, help="items per read and per chunk")
+    p.add_argument("--backend", required=True, metavar="URL", help="the store to back up")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="archive file to write (.gz: compressed)")
+    p.add_argument("--page", type=positive_int, default=EXPORT_PAGE, metavar="N",
+                   help="items per read and per chunk (default %(default)s)")
     p.set_defaults(func=_cmd_backup)
 
     p = subparsers.add_parser(
@@ -38,8 +41,9 @@ def register(subparsers: Any) -> None:
                     "EMPTY store (a non-empty one is refused) and compare the store with the archive.",
         epilog=f"{_URLS}\n{_EXIT_CODES}",
     )
-    p.add_argument("--backend", required=True, help="the empty store to restore into (URL)")
-    p.add_argument("--in", dest="archive", required=True, type=Path, help="archive file written by backup")
+    p.add_argument("--backend", required=True, metavar="URL", help="the empty store to restore into")
+    p.add_argument("--in", dest="archive", required=True, type=Path, metavar="FILE",
+                   help="archive file written by backup")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
     p.set_defaults(func=_cmd_restore)
 
@@ -52,11 +56,12 @@ def register(subparsers: Any) -> None:
                     "(counts and a digest per key range): any difference exits 5.",
         epilog=f"{_URLS}\n{_EXIT_CODES}",
     )
-    p.add_argument("--from", dest="source", required=True, help="the store to copy (URL)")
-    p.add_argument("--to", dest="target", required=True, help="the empty store to copy into (URL)")
-    p.add_argument("--work-dir", type=Path, default=None,
+    p.add_argument("--from", dest="source", required=True, metavar="URL", help="the store to copy")
+    p.add_argument("--to", dest="target", required=True, metavar="URL", help="the empty store to copy into")
+    p.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
                    help="checkpoint and snapshot directory (default .fencepost-migrate/<hash of the URLs>)")
-    p.add_argument("--page", type=int, default=EXPORT_PAGE, help="items per read and per checkpoint")
+    p.add_argument("--page", type=positive_int, default=EXPORT_PAGE, metavar="N",
+                   help="items per read and per checkpoint (default %(default)s)")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
     p.set_defaults(func=_cmd_migrate)
 
@@ -71,18 +76,9 @@ def _run(coro: Any) -> tuple[int, Any]:
         return int(exc.code), None
 
 
-def _check_page(page: int) -> bool:
-    if page < 1:
-        print("fencepost: --page must be at least 1", file=sys.stderr)
-        return False
-    return True
-
-
 def _cmd_backup(args: argparse.Namespace) -> int:
     from .lifecycle import backup
 
-    if not _check_page(args.page):
-        return 2
     code, report = _run(backup(args.backend, args.out, page=args.page))
     if report is not None:
         state = "point-in-time snapshot" if report.consistency == "snapshot" else (
@@ -106,8 +102,6 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from .lifecycle import Exit, migrate
 
-    if not _check_page(args.page):
-        return 2
     code, report = _run(migrate(args.source, args.target, work_dir=args.work_dir, page=args.page,
                                 create_table=args.create_table))
     if report is None:
