@@ -47,6 +47,8 @@ def declared_reasons(method: str) -> frozenset[str] | None:
     when it is not a fencepost RPC."""
     _load_services()
     service_name, _, rpc = method.lstrip("/").partition("/")
+    if not service_name.startswith("fencepost."):
+        return None
     try:
         service = descriptor_pool.Default().FindServiceByName(service_name)
     except KeyError:
