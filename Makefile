@@ -48,7 +48,7 @@ reliability: setup
 	FENCEPOST_FULL_SCALE=1 $(PY) -m pytest -q -p no:cacheprovider -m scaled -k dynamodb tests $(ARGS)
 
 clean:
-	rm -rf $(VENV) .fencepost .pytest_cache
+	rm -rf $(VENV) .fencepost .pytest_cache client/typescript/node_modules client/typescript/dist
 
 ## Render the API reference (docs/reference.md) from the proto comments.
 docs: setup
