@@ -23,11 +23,11 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/fencepost serve $(ARGS)
 
-## Regenerate the Python stubs (+ .pyi) from proto/.
+## Regenerate the Python stubs (+ .pyi) and the TypeScript client's src/gen from proto/ (npm ci first).
 generate: setup
 	PY=$(PY) scripts/generate.sh
 
-## Generated code fresh, buf lint, buf breaking against the previous commit.
+## Generated code fresh (Python, TypeScript + tsc), buf lint, buf breaking against the previous commit.
 check: setup
 	PY=$(PY) scripts/check.sh
 
