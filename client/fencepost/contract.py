@@ -82,7 +82,9 @@ def undeclared(seen: set[tuple[str, str, str]]) -> list[str]:
         if not reason:
             out.append(f"{method} returned {code} with no ErrorInfo: every error must carry one (api/base.py status_of)")
             continue
-        if reason not in known:
+        if reason == "INTERNAL":
+            out.append(f"{method} returned INTERNAL: a server bug (an unhandled exception, logged by the server); fix it, never declare it")
+        elif reason not in known:
             out.append(
                 f"{method} returned {code}/{reason}, which is not in the ErrorReason enum: add "
                 f"`{PREFIX}{reason} = <next number>;` to {ERRORS_PROTO} (and to fencepost/reasons.py, fencepost/errors.py), "

@@ -51,3 +51,18 @@ def test_typescript_client_suite(backend: str, tmp_path: Path) -> None:
         )
         assert example.returncode == 0, example.stdout + example.stderr
         assert "compare-and-set applied=true" in example.stdout and "empty key refused: KEY_INVALID" in example.stdout
+
+
+def test_without_node_the_suites_fail_rather_than_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    with pytest.raises(pytest.fail.Exception, match="node is not installed"):
+        tool("node")
+    # and `make check` / `make generate` stop at the install step
+    bash = "/bin/bash"
+    result = subprocess.run(
+        [bash, str(ROOT / "scripts" / "npm_ci.sh"), str(PACKAGE)], env={"PATH": "/nonexistent"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0 and "npm is not installed" in result.stderr
