@@ -165,7 +165,8 @@ def elements(fds: descriptor_pb2.FileDescriptorSet) -> list[tuple[str, list[Elem
                 if m.server_streaming:
                     sig = f"{m.input_type.lstrip('.')} → stream {m.output_type.lstrip('.')}"
                 own = _declared(m.options.SerializeToString(), names)
-                el.children.append(Element("rpc", m.name, docs.get((*path, _SVC_METHOD, mi), ""), detail=sig, reasons=own))
+                comment = docs.get((*path, _SVC_METHOD, mi), "")
+                el.children.append(Element("rpc", m.name, comment, detail=sig, reasons=own))
             items.append(el)
         for mi, msg in enumerate(fd.message_type):
             items.extend(_message(msg, f"{pkg}.{msg.name}", (_FILE_MESSAGE, mi), docs))
@@ -256,7 +257,8 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
         for el in items:
             if el.kind == "service":
                 lines += [f"### {el.name}", "", _para(el.comment), ""]
-                lines += ["Common error reasons (every RPC): " + (", ".join(f"`{r}`" for r in el.reasons) or "none"), ""]
+                common = ", ".join(f"`{r}`" for r in el.reasons) or "none"
+                lines += [f"Common error reasons (every RPC): {common}", ""]
                 for rpc in el.children:
                     lines += [f"#### {el.name.rsplit('.', 1)[1]}.{rpc.name}", "", f"`{rpc.detail}`", ""]
                     lines += [_para(rpc.comment), ""]

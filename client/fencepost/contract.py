@@ -80,14 +80,15 @@ def undeclared(seen: set[tuple[str, str, str]]) -> list[str]:
         rpc = method.rsplit("/", 1)[1]
         where = proto_file_of(method)
         if not reason:
-            out.append(f"{method} returned {code} with no ErrorInfo: every error must carry one (api/base.py status_of)")
+            out.append(f"{method} returned {code} with no ErrorInfo: every error must carry one (api/base.py)")
             continue
         if reason == "INTERNAL":
-            out.append(f"{method} returned INTERNAL: a server bug (an unhandled exception, logged by the server); fix it, never declare it")
+            out.append(f"{method} returned INTERNAL: a server bug (an unhandled exception); fix it, never declare it")
         elif reason not in known:
             out.append(
                 f"{method} returned {code}/{reason}, which is not in the ErrorReason enum: add "
-                f"`{PREFIX}{reason} = <next number>;` to {ERRORS_PROTO} (and to fencepost/reasons.py, fencepost/errors.py), "
+                f"`{PREFIX}{reason} = <next number>;` to {ERRORS_PROTO} (and to fencepost/reasons.py, "
+                "fencepost/errors.py), "
                 f"then declare it on rpc {rpc} in {where}"
             )
         elif reason not in declared:

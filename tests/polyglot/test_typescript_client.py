@@ -47,7 +47,8 @@ def test_typescript_client_suite(backend: str, tmp_path: Path) -> None:
             assert PACKAGE / "test" / f"{name}.test.ts" in TEST_FILES
 
         example = subprocess.run(
-            [tool("node"), "dist/example/quickstart.js"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=120
+            [tool("node"), "dist/example/quickstart.js"],
+            cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=120,
         )
         assert example.returncode == 0, example.stdout + example.stderr
         assert "compare-and-set applied=true" in example.stdout and "empty key refused: KEY_INVALID" in example.stdout
