@@ -67,3 +67,15 @@ def test_without_node_the_suites_fail_rather_than_skip(monkeypatch: pytest.Monke
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode != 0 and "npm is not installed" in result.stderr
+
+
+def test_typed_errors_cover_every_reason_the_javascript_checks_cover() -> None:
+    from fencepost.contract import enum_reasons
+
+    reasons = set(enum_reasons())
+    checks = ROOT / "tests" / "polyglot" / "checks"
+    quoted = {r for p in checks.glob("*.mjs") for r in re.findall(r'"([A-Z][A-Z_]+)"', p.read_text())}
+    in_checks = quoted & reasons
+    in_typescript = {r for p in TEST_FILES for r in re.findall(r"ErrorReason\.([A-Z_]+)", p.read_text())}
+    assert len(in_checks) >= 10
+    assert in_checks <= in_typescript, f"add TypeScript tests for {sorted(in_checks - in_typescript)}"

@@ -7,12 +7,12 @@ import { after, test } from "node:test";
 
 import { status } from "@grpc/grpc-js";
 
-import { ErrorReason, FencepostError, reasonFromString, reasonToString, schedule, storeApi } from "../src";
+import { ErrorReason, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi } from "../src";
 import { expectReason, newClient, unique } from "./support";
 
 const fp = newClient();
 after(() => fp.close());
-const { INVALID_ARGUMENT, FAILED_PRECONDITION, RESOURCE_EXHAUSTED } = status;
+const { INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, RESOURCE_EXHAUSTED } = status;
 
 test("reason strings and the enum map both ways; unknown reasons are UNRECOGNIZED", () => {
   assert.equal(reasonFromString("LEASE_FENCED"), ErrorReason.LEASE_FENCED);
@@ -80,6 +80,23 @@ test("schedule errors: RULE_UNSUPPORTED, REMINDER_INVALID", async () => {
   const rule = await expectReason(create({ prompt: "p", cron: "0 9 * * *" }), INVALID_ARGUMENT, ErrorReason.RULE_UNSUPPORTED);
   assert.equal(rule.metadata.rule, "cron");
   await expectReason(create({ prompt: " ", afterSeconds: "5" }), INVALID_ARGUMENT, ErrorReason.REMINDER_INVALID);
+});
+
+test("eval errors: EVAL_RUN_NOT_FOUND, FIELD_INVALID with its field violation", async () => {
+  const agent = unique("ts-agent");
+  await expectReason(
+    fp.call(fp.evals.getEvalRun.bind(fp.evals), { agent, runId: "nope" }, { safe: true }),
+    NOT_FOUND, ErrorReason.EVAL_RUN_NOT_FOUND,
+  );
+  const bad = await expectReason(
+    fp.call(
+      fp.evals.putAbSample.bind(fp.evals),
+      evals.PutAbSampleRequest.fromPartial({ agent, experiment: "", sessionId: "s", at: new Date(), sample: {} }),
+      { safe: false },
+    ),
+    INVALID_ARGUMENT, ErrorReason.FIELD_INVALID,
+  );
+  assert.deepEqual(Object.keys(bad.fieldViolations), ["experiment"]);
 });
 
 test("an oversized request: the transport's RESOURCE_EXHAUSTED (no ErrorInfo), reported as MESSAGE_TOO_LARGE", async () => {
