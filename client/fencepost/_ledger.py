@@ -191,6 +191,17 @@ class LedgerMethods:
         req = pb.ReleaseLeaseRequest(session_id=session_id, generation=generation, force=force)
         return int((await self._caller.call(self._ledger.ReleaseLease, req, safe=True, **opts)).pending)
 
+    async def delete_session(
+        self, session_id: str, *, force: bool = False, delete_descendants: bool = False, **opts: Any
+    ) -> list[str]:
+        """Erase a session (docs/lifecycle.md); returns every session id erased
+        (descendants first). InboxNotEmpty while events are pending (unless
+        force); SessionHasForks while it has live forks (unless
+        delete_descendants). Not retried automatically: a retry after the
+        delete completed answers SessionNotFound."""
+        req = pb.DeleteSessionRequest(session_id=session_id, force=force, delete_descendants=delete_descendants)
+        return list((await self._caller.call(self._ledger.DeleteSession, req, safe=False, **opts)).deleted_session_ids)
+
     async def commit(
         self,
         session_id: str,
