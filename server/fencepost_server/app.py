@@ -21,6 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fencepost.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     evals_pb2,
     evals_pb2_grpc,
     journal_pb2,
@@ -37,6 +39,7 @@ from fencepost.v1 import (
     store_api_pb2_grpc,
 )
 
+from .api.admin import AdminServicer
 from .api.base import Authenticator, RpcObserver
 from .api.evals import EvalServicer
 from .api.journal import JournalServicer, StoreApiServicer
@@ -46,6 +49,7 @@ from .api.memory import MemoryServicer
 from .api.schedule import ScheduleServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
+from .domain.erasure import Eraser
 from .domain.evals import EvalStore
 from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
@@ -175,6 +179,14 @@ def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
     return schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
 
 
+def _admin(ctx: AppContext, server: HandlerRegistry) -> str:
+    s = ctx.settings
+    eraser = Eraser(ctx.storage, _ledger_of(ctx), poll_seconds=s.erasure_poll_seconds, events=ctx.events)
+    ctx.background.append(eraser.run)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(eraser, ctx.auth, ctx.observer), server)
+    return admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
@@ -184,6 +196,7 @@ _SERVICES: list[ServiceBuilder] = [
     _journal,
     _store_api,
     _schedule,
+    _admin,
 ]
 
 

@@ -37,6 +37,8 @@ class Settings:
     ledger_janitor_seconds: float = 5.0
     ledger_orphan_grace_seconds: float = 10.0
     ledger_watch_poll_seconds: float = 1.0
+    # erasure operations (AdminService): every replica looks for unfinished ones this often
+    erasure_poll_seconds: float = 5.0
     # journal (spec/journal.md): flush the tail when older / larger than these,
     # rotate the live journal at max_journal_bytes
     journal_flush_seconds: float = 30.0
