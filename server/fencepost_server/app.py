@@ -56,6 +56,7 @@ from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
 from .domain.requests import RequestLog
+from .domain.retention import Retention
 from .domain.schedule import Schedule
 from .observability import Metrics
 from .security import IdentityMap, build_authenticator
@@ -180,9 +181,14 @@ def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
 
 
 def _admin(ctx: AppContext, server: HandlerRegistry) -> str:
+    """Lifecycle: the operator's erasures, and the retention sweeps (when enabled)."""
     s = ctx.settings
     eraser = Eraser(ctx.storage, _ledger_of(ctx), poll_seconds=s.erasure_poll_seconds, events=ctx.events)
     ctx.background.append(eraser.run)
+    retention = s.retention_config()
+    if retention.enabled:
+        sweeper = Retention(ctx.storage, _ledger_of(ctx), _journal_of(ctx), retention, events=ctx.events)
+        ctx.background.append(sweeper.run)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(eraser, ctx.auth, ctx.observer), server)
     return admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
@@ -302,7 +308,7 @@ class App:
         while True:
             await asyncio.sleep(self.settings.request_sweep_seconds)
             with contextlib.suppress(Exception):
-                await requests.sweep()
+                self.metrics.event("retention.request_markers_erased", await requests.sweep())
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, drain in-flight RPCs, stop loops, close backend."""

@@ -38,6 +38,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="allow a non-loopback --listen without authentication (never in production)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
+    ret = p.add_argument_group("retention (docs/lifecycle.md; 0 = keep forever, the default)")
+    ret.add_argument("--retain-idle-sessions", type=float, default=0.0, metavar="SECONDS",
+                     help="erase sessions idle longer than this (sessions with live forks or pending events wait)")
+    ret.add_argument("--retain-journal-archives", type=float, default=0.0, metavar="SECONDS",
+                     help="delete journal archives rotated longer ago than this")
+    ret.add_argument("--retain-commit-markers", type=float, default=0.0, metavar="SECONDS",
+                     help="delete commit_id idempotency markers older than this (a retry after it is not replayed)")
+    ret.add_argument("--retention-seconds", type=float, default=60.0, help="one bounded pass this often")
+    ret.add_argument("--retention-batch", type=int, default=1000, help="list calls per pass")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -56,6 +65,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         tls_client_ca=args.tls_client_ca,
         trust_xfcc=args.trust_xfcc,
         metrics_listen=args.metrics_listen,
+        retain_idle_sessions_seconds=args.retain_idle_sessions,
+        retain_journal_archives_seconds=args.retain_journal_archives,
+        retain_commit_markers_seconds=args.retain_commit_markers,
+        retention_seconds=args.retention_seconds,
+        retention_batch=args.retention_batch,
     )
 
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import MAX_TXN_OPS, Check, Delete, Expect, Put, Write
+from ...storage import Check, Delete, Expect, Put, Write
 from ..errors import FailedPrecondition
+from ..prefix import delete_prefix
 from .core import contended
 from .layout import (
     Meta,
@@ -50,8 +51,7 @@ from .layout import (
 from .sessions import SessionMethods
 
 _ATTEMPTS = 8
-_LIST = 1000  # keys listed per sweep step; deleted in transactions of MAX_TXN_OPS, a few at once
-_PARALLEL = 4
+_LIST = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,15 +165,4 @@ class EraseMethods(SessionMethods):
         return removed
 
     async def delete_prefix(self, prefix: str) -> int:
-        """Delete every key under `prefix`, in transactions of MAX_TXN_OPS."""
-        removed = 0
-        while True:
-            keys = await self.storage.list_keys(prefix, None, _LIST)
-            if not keys:
-                return removed
-            batches = [keys[i:i + MAX_TXN_OPS] for i in range(0, len(keys), MAX_TXN_OPS)]
-            for i in range(0, len(batches), _PARALLEL):
-                await asyncio.gather(*(
-                    self.storage.transact((), [Delete(k) for k in batch]) for batch in batches[i:i + _PARALLEL]
-                ))
-            removed += len(keys)
+        return await delete_prefix(self.storage, prefix)

@@ -69,6 +69,21 @@ class SessionMethods(LedgerBase):
         so a change of the listing's layout only has to change this."""
         return [sk.act]
 
+    async def idle_sessions(self, tenant: str, agent: str, before: float, limit: int = 1000) -> list[str]:
+        """Up to `limit` sessions of the agent whose last activity is older than
+        `before` (retention). Reads the restore listing's activity items: a
+        change of the listing's layout only has to change this and `listing_keys`."""
+        prefix = agent_root(tenant, agent) + "act/"
+        out: list[str] = []
+        start = None
+        while len(out) < limit:
+            items = await self.storage.list(prefix, start, 1000)
+            out += [it.key[len(prefix):] for it in items if json.loads(it.value)["t"] < before]
+            if len(items) < 1000:
+                break
+            start = items[-1].key
+        return out[:limit]
+
     def forget_identity(self, tenant: str, agent: str, session_key: str) -> None:
         """Drop a cached identity that named a session since deleted (another
         replica deleted it; identities are otherwise immutable)."""
