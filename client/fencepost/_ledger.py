@@ -53,6 +53,12 @@ class SessionSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class Deletion:
+    session_ids: list[str]  # descendants first, then the session
+    erased_items: int
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     seq: int
     data: bytes
@@ -193,14 +199,15 @@ class LedgerMethods:
 
     async def delete_session(
         self, session_id: str, *, force: bool = False, delete_descendants: bool = False, **opts: Any
-    ) -> list[str]:
+    ) -> Deletion:
         """Erase a session (docs/lifecycle.md); returns every session id erased
-        (descendants first). InboxNotEmpty while events are pending (unless
+        (descendants first) and the items removed. InboxNotEmpty while events are pending (unless
         force); SessionHasForks while it has live forks (unless
         delete_descendants). Not retried automatically: a retry after the
         delete completed answers SessionNotFound."""
         req = pb.DeleteSessionRequest(session_id=session_id, force=force, delete_descendants=delete_descendants)
-        return list((await self._caller.call(self._ledger.DeleteSession, req, safe=False, **opts)).deleted_session_ids)
+        out = await self._caller.call(self._ledger.DeleteSession, req, safe=False, **opts)
+        return Deletion(list(out.deleted_session_ids), out.erased_items)
 
     async def commit(
         self,

@@ -44,7 +44,8 @@ async def test_delete_leaves_nothing_and_touches_nothing_else(
 
     with pytest.raises(errors.InboxNotEmpty):
         await client.delete_session(doomed)
-    assert await client.delete_session(doomed, force=True) == [doomed]
+    deletion = await client.delete_session(doomed, force=True)
+    assert deletion.session_ids == [doomed] and deletion.erased_items > 10
 
     assert raw_keys_naming(storage, doomed) == []
     after = raw_items(storage)
@@ -87,8 +88,8 @@ async def test_forks_refuse_then_go_with_their_descendants(
     assert [r.data async for r in client.read_log(grandchild)] == [b"p1", b"p2"]
     # a fork deleted first no longer holds its parent back
     other = (await client.fork(parent, 1, "other")).session_id
-    assert await client.delete_session(other) == [other]
-    deleted = await client.delete_session(parent, delete_descendants=True)
+    assert (await client.delete_session(other)).session_ids == [other]
+    deleted = (await client.delete_session(parent, delete_descendants=True)).session_ids
     assert deleted == [grandchild, child, parent]
     assert raw_keys_naming(storage, parent, child, grandchild, other) == []
     for sid in deleted:
