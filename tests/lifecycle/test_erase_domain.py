@@ -32,8 +32,7 @@ async def test_from_the_tombstone_on_every_read_and_write_misses(storage: Storag
     await ledger.commit(T, sid, lease.generation, 0, [b"r1", b"r2"], commit_id="c1")
     await ledger.deliver(T, session_id=sid, payload=b"x" * (70 * 1024))
 
-    done: list[str] = []
-    await ledger._tombstone_tree(ledger.keys(T, sid), True, False, done)  # the point of no return only
+    done = await ledger.tombstone(T, sid, force=True)  # the point of no return only
     assert done == [sid] and raw_keys_naming(storage, sid)  # not swept yet
 
     not_found = {reasons.SESSION_NOT_FOUND}

@@ -48,7 +48,7 @@ async def _kill_mid_sweep(backend_url: str, raw: Storage, records: int, log_dir:
                         seen.append("gone")
                     except (errors.Unavailable, errors.DeadlineExceeded):
                         await asyncio.sleep(0.05)  # the server is down: no answer, no claim
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.01)
 
             async def delete() -> None:
                 try:
@@ -70,7 +70,7 @@ async def _kill_mid_sweep(backend_url: str, raw: Storage, records: int, log_dir:
             deadline = time.monotonic() + FINISH_SECONDS
             while raw_keys_naming(raw, sid):
                 assert time.monotonic() < deadline, f"sweep not finished: {len(raw_keys_naming(raw, sid))} left"
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(5.0)  # a raw scan is a full table Scan: not too often
             with_answers = len(seen)
             while len(seen) < with_answers + 5:  # a few reads after the end, through the restarted server
                 await asyncio.sleep(0.05)

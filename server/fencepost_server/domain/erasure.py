@@ -52,6 +52,7 @@ NAME_PREFIX = "operations/erase-"
 _END = "\U0010ffff"  # sorts after every character a key holds: "skip this subtree"
 _SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
 _ID = re.compile(r"^[0-9a-f]{32}$")
+_STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ class Eraser:
         *,
         clock: Callable[[], float] = time.time,
         claim_seconds: float = 30.0,
-        poll_seconds: float = 5.0,
+        poll_seconds: float | None = 5.0,
         events: Callable[..., None] | None = None,
     ) -> None:
         self.storage = storage
@@ -132,17 +133,19 @@ class Eraser:
 
     # -- the runner -------------------------------------------------------------------
     async def run(self) -> None:
-        """The background loop (every replica): claim unfinished operations."""
+        """The background loop (every replica): claim unfinished operations
+        every `poll_seconds` (None: only when this replica starts one), and at
+        once when this replica starts one."""
         while True:
-            try:
-                await self.run_pending()
-            except Exception as exc:  # an outage: try again next round
-                log.warning("erasure pass failed: %s", exc)
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
             except asyncio.TimeoutError:
                 pass
+            self._wake.clear()
+            try:
+                await self.run_pending()
+            except Exception as exc:  # an outage: try again next round
+                log.warning("erasure pass failed: %s", exc)
 
     async def run_pending(self) -> int:
         """Run every unfinished operation this replica can claim to the end;
@@ -192,8 +195,10 @@ class Eraser:
         prefixes = list(state["prefixes"])  # type: ignore[call-overload]
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if index < len(prefixes):
-            state["erased"] = int(state["erased"]) + await self.ledger.delete_prefix(prefixes[index])  # type: ignore[call-overload]
-            state["cursor"] = index + 1
+            removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS)
+            state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
+            if removed < _STEP_KEYS:
+                state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
             return
         # done: the record keeps no name of what it erased (the tenant's hash authorizes reads)
         state["phase"], state["cursor"] = "done", None
@@ -218,11 +223,10 @@ class Eraser:
                 start = _skip(key, scope)
                 continue
             sid = m.group(2)
-            doomed: list[str] = []
             try:
-                await self.ledger._tombstone_tree(self.ledger.keys(tenant, sid), True, True, doomed)  # noqa: SLF001
+                doomed = await self.ledger.tombstone(tenant, sid, force=True, descendants=True)
             except NotFound:
-                pass  # not a whole session (leftovers): the sweep phase deletes them
+                doomed = []  # not a whole session (leftovers): the sweep phase deletes them
             for each in doomed:
                 state["erased"] = int(state["erased"]) + await self.ledger.sweep_session(tenant, each)  # type: ignore[call-overload]
             state["fenced"] = int(state["fenced"]) + len(doomed)  # type: ignore[call-overload]

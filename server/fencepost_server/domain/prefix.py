@@ -10,12 +10,13 @@ _LIST = 1000  # keys listed per round; deleted in transactions of MAX_TXN_OPS, a
 _PARALLEL = 4
 
 
-async def delete_prefix(storage: Storage, prefix: str) -> int:
-    """Delete every key under `prefix`; returns how many were listed and
-    deleted. Idempotent, and safe to run on several replicas at once (each
-    round lists from the start, so a key written meanwhile is found too)."""
+async def delete_prefix(storage: Storage, prefix: str, max_keys: int | None = None) -> int:
+    """Delete every key under `prefix` (or stop once `max_keys` went: a
+    bounded step); returns how many were listed and deleted. Idempotent, and
+    safe to run on several replicas at once (each round lists from the start,
+    so a key written meanwhile is found too)."""
     removed = 0
-    while True:
+    while max_keys is None or removed < max_keys:
         keys = await storage.list_keys(prefix, None, _LIST)
         if not keys:
             return removed
@@ -25,3 +26,4 @@ async def delete_prefix(storage: Storage, prefix: str) -> int:
                 storage.transact((), [Delete(k) for k in batch]) for batch in batches[i:i + _PARALLEL]
             ))
         removed += len(keys)
+    return removed

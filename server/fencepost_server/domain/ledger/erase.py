@@ -68,12 +68,19 @@ class EraseMethods(SessionMethods):
         then sweep each. A session already tombstoned but not yet swept is
         swept again (a retried delete succeeds); one fully gone is
         SESSION_NOT_FOUND."""
-        doomed: list[str] = []
-        await self._tombstone_tree(self.keys(tenant, sid), force, descendants, doomed)
+        doomed = await self.tombstone(tenant, sid, force=force, descendants=descendants)
         removed = 0
         for each in doomed:
             removed += await self.sweep_session(tenant, each)
         return EraseResult(tuple(doomed), removed)
+
+    async def tombstone(self, tenant: str, sid: str, *, force: bool = False, descendants: bool = False) -> list[str]:
+        """DeleteSession's point of no return alone (the sweep follows): every
+        session tombstoned, descendants first. An already tombstoned session
+        is listed again (its sweep may not have run)."""
+        out: list[str] = []
+        await self._tombstone_tree(self.keys(tenant, sid), force, descendants, out)
+        return out
 
     async def _tombstone_tree(self, sk: SessionKeys, force: bool, descendants: bool, out: list[str]) -> None:
         for _ in range(_ATTEMPTS):
@@ -164,5 +171,5 @@ class EraseMethods(SessionMethods):
         self.events("ledger.erased_items", removed)
         return removed
 
-    async def delete_prefix(self, prefix: str) -> int:
-        return await delete_prefix(self.storage, prefix)
+    async def delete_prefix(self, prefix: str, max_keys: int | None = None) -> int:
+        return await delete_prefix(self.storage, prefix, max_keys)
