@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -100,12 +101,13 @@ async def test_forks_refuse_then_go_with_their_descendants(
 
 
 async def test_paused_holder_never_lands_a_write_after_delete(
-    storage: Storage, client: fencepost.AsyncClient
+    storage: Storage, client: fencepost.AsyncClient, scaled: Callable[[int, int], int]
 ) -> None:
-    """A holder pauses across DeleteSession (>= 200 races on every backend):
-    its racing write either lands before the tombstone (then it is erased
-    with the rest) or fails; every write after the delete returns fails."""
-    rounds, doomed = 200, []
+    """A holder pauses across DeleteSession (200 races; 60 on the emulator in
+    `make test`, 200 with FENCEPOST_FULL_SCALE=1): its racing write either
+    lands before the tombstone (then it is erased with the rest) or fails;
+    every write after the delete returns fails."""
+    rounds, doomed = scaled(200, 60), []
     raced = {"landed_first": 0, "refused": 0}
     for i in range(rounds):
         sid = (await client.open_session("agent", f"race-{i}")).session_id
@@ -135,9 +137,10 @@ async def test_paused_holder_never_lands_a_write_after_delete(
 
 
 async def test_deliver_racing_delete_never_leaves_an_event(
-    storage: Storage, client: fencepost.AsyncClient
+    storage: Storage, client: fencepost.AsyncClient, scaled: Callable[[int, int], int]
 ) -> None:
-    rounds, doomed = 200, []
+    """200 races (60 on the emulator in `make test`, 200 at full scale)."""
+    rounds, doomed = scaled(200, 60), []
     outcomes = {"parked_then_refused": 0, "deleted_first": 0}
     for i in range(rounds):
         sid = (await client.open_session("agent", f"deliver-race-{i}")).session_id
