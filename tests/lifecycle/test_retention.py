@@ -3,7 +3,13 @@ sessions, old archives and expired markers disappear, and nothing else does."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
+
+import pytest
+
+from fencepost import errors
 
 from fencepost_server.domain.journal import Journal, JournalConfig
 from fencepost_server.domain.ledger import Ledger
@@ -12,7 +18,8 @@ from fencepost_server.domain.retention import Retention, RetentionConfig
 from fencepost_server.storage import Storage
 from tests.domain.test_journal import extra, fields
 from tests.domain.test_ledger import FakeClock
-from tests.raw_store import raw_items
+from tests.conftest import running
+from tests.raw_store import raw_items, raw_keys_naming
 
 T = "tenant"
 HOUR = 3600.0
@@ -92,3 +99,20 @@ async def test_off_by_default(storage: Storage, scaled: Callable[[int, int], int
     before = raw_items(storage)
     counts = await Retention(storage, ledger, journal, RetentionConfig()).sweep_pass()
     assert counts.agents_visited == 0 and raw_items(storage) == before
+
+
+async def test_the_server_sweeps_idle_sessions_on_its_own(storage: Storage) -> None:
+    """Through the real server, real clock: the retention loop erases the idle
+    session on a pass of its own and leaves the fresh one."""
+    async with running(storage, retain_idle_sessions_seconds=2.0, retention_seconds=0.2) as srv:
+        async with srv.client(timeout=10.0) as client:
+            idle = (await client.open_session("agent", "idle")).session_id
+            await asyncio.sleep(2.5)
+            fresh = (await client.open_session("agent", "fresh")).session_id
+            deadline = time.monotonic() + 60
+            while raw_keys_naming(storage, idle):
+                assert time.monotonic() < deadline, "the idle session was never swept"
+                await asyncio.sleep(0.2)
+            with pytest.raises(errors.SessionNotFound):
+                await client.get_session(idle)
+            assert (await client.get_session(fresh)).session_id == fresh
