@@ -74,3 +74,20 @@ async def test_several_replicas_at_once(storage: Storage) -> None:
     await asyncio.gather(*(r.run_pending() for r in replicas))  # whoever lost a race finishes now
     assert (await replicas[1].get(T, op.name)).done
     assert raw_keys_naming(storage, "tenant/", *sids) == []
+
+
+async def test_agent_names_that_look_like_the_layout(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    odd = {name: await _agent_with_sessions(ledger, name, 2) for name in ("durable-session", "s", "journal")}
+    eraser = Eraser(storage, ledger)
+    op = await eraser.start(T, "durable-session")
+    await eraser.run_pending()
+    assert (await eraser.get(T, op.name)).sessions_fenced == 2
+    assert raw_keys_naming(storage, *odd["durable-session"]) == []
+    for name in ("s", "journal"):
+        for sid in odd[name]:
+            assert (await ledger.get(T, sid)).seq == 3
+    op = await eraser.start(T, None)
+    await eraser.run_pending()
+    assert (await eraser.get(T, op.name)).sessions_fenced == 4
+    assert raw_keys_naming(storage, "tenant/") == []

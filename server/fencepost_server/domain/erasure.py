@@ -257,16 +257,16 @@ class Eraser:
 
 
 def _skip(key: str, scope: str) -> str:
-    """A start_after that skips the subtree `key` is in, as far as sessions go:
-    an agent's non-ledger subsystem, or the ledger's non-session items."""
+    """A start_after that skips the subtree of `key`, which holds no session:
+    the ledger's identities and listing (agent scope), or an agent's other
+    subsystems (tenant scope: `{tenant}/sys/` + `agentkit/v1/{agent}/{subsystem}/`)."""
     rest = key[len(scope):].split("/")
-    if "durable-session" in rest:
-        i = rest.index("durable-session")
-        head = scope + "/".join(rest[: i + 1]) + "/"
-        return head + "s" if key < head + "s/" else key  # id/, act/ sort before s/
-    # within an agent: skip the subsystem; within a tenant: skip to the next agent's subsystem
-    depth = 1 if scope.endswith("/durable-session/") else 4
-    return scope + "/".join(rest[:depth]) + "/" + _END
+    if scope.endswith("/durable-session/"):
+        return scope + rest[0] + "/" + _END  # id/, act/: sessions are under s/
+    if len(rest) > 4 and rest[:2] == ["agentkit", "v1"] and rest[3] == "durable-session":
+        head = scope + "/".join(rest[:4]) + "/"
+        return head + "s" if key < head + "s/" else key
+    return scope + "/".join(rest[:4]) + "/" + _END
 
 
 def _dump(state: dict[str, object]) -> bytes:
