@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from fencepost import reasons
 
 from ...storage import Check, Expect, Put
+from ..errors import NotFound
 from .core import SessionView, bad
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
 from .sessions import AlreadyExists, SessionMethods, check_name
@@ -52,7 +53,11 @@ class ForkMethods(SessionMethods):
             if 0 in res.failed:
                 raise session_not_found(parent_sid)
             existing = await self._sid_for(tenant, agent, child_key)
-        view = await self.get(tenant, existing or "")
+        try:
+            view = await self.get(tenant, existing or "")
+        except NotFound:  # a cached identity of a session deleted since (the store has none)
+            self.forget_identity(tenant, agent, child_key)
+            return await self.fork(tenant, parent_sid, at_seq, child_key)
         if view.parent == parent_sid and view.seed_length == at_seq:
             return view  # a retried fork
         raise AlreadyExists(
