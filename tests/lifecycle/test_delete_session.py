@@ -49,6 +49,9 @@ async def test_delete_leaves_nothing_and_touches_nothing_else(
     assert deletion.session_ids == [doomed] and deletion.erased_items > 10
 
     assert raw_keys_naming(storage, doomed) == []
+    metrics = server.app.metrics.registry.get_sample_value
+    assert metrics("fencepost_lifecycle_total", {"kind": "ledger.sessions_deleted"}) == 1
+    assert metrics("fencepost_lifecycle_total", {"kind": "ledger.erased_items"}) == deletion.erased_items
     after = raw_items(storage)
     assert after == without(before, doomed), "another session's items changed"
     for read in (client.get_session(doomed), client.read_log(doomed).__anext__()):
