@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -92,7 +91,7 @@ async def test_one_pass_sweeps_exactly_what_expired(storage: Storage) -> None:
     del lease
 
 
-async def test_off_by_default(storage: Storage, scaled: Callable[[int, int], int]) -> None:
+async def test_off_by_default(storage: Storage) -> None:
     ledger = Ledger(storage)
     journal = Journal(storage, Limits())
     await ledger.open(T, "a", "k")
