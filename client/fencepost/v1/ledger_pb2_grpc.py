@@ -44,7 +44,9 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -131,6 +133,11 @@ class LedgerServiceStub:
                 request_serializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/fencepost.v1.LedgerService/DeleteSession',
+                request_serializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.FromString,
+                _registered_method=True)
 
 
 class LedgerServiceServicer:
@@ -152,7 +159,9 @@ class LedgerServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -221,7 +230,8 @@ class LedgerServiceServicer:
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -245,7 +255,8 @@ class LedgerServiceServicer:
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -285,7 +296,8 @@ class LedgerServiceServicer:
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -316,6 +328,31 @@ class LedgerServiceServicer:
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+        write is the point of no return: one conditional write bumps the
+        generation, marks the session deleted and removes its identity, so from
+        it on every read answers SESSION_NOT_FOUND, every write of a holder
+        (commit, renew, release, a paused one included) fails (fenced, or the
+        session not found), a Deliver parks nothing, and an OpenSession with the
+        same key creates a new session id. Then every stored item of the session
+        is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+        schedule records, restore-listing entry) before the response; if the
+        call is cut short, the janitor of any replica finishes the removal.
+        A retry of a delete that was cut short finishes it and succeeds.
+        Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+        `session_id`: drain the inbox, or delete with `force`);
+        FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+        `fork_session_ids`: delete the forks first, or set
+        `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+        forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+        (nothing of the session is left); the common ones (retry: a delete is
+        idempotent until it completes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -394,6 +431,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     request_deserializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.SerializeToString,
             ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'fencepost.v1.LedgerService', rpc_method_handlers)
@@ -421,7 +463,9 @@ class LedgerService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -800,6 +844,33 @@ class LedgerService:
             '/fencepost.v1.LedgerService/ClaimOrphan',
             fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.SerializeToString,
             fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LedgerService/DeleteSession',
+            fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.SerializeToString,
+            fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

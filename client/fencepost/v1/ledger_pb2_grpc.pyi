@@ -45,7 +45,9 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -98,7 +100,8 @@ class LedgerServiceStub:
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
     """RenewLease extends the lease while `generation` is still current, even
@@ -114,7 +117,8 @@ class LedgerServiceStub:
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -142,7 +146,8 @@ class LedgerServiceStub:
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     """
     ListInbox: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]
@@ -161,6 +166,27 @@ class LedgerServiceStub:
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    """
+    DeleteSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]
+    """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+    write is the point of no return: one conditional write bumps the
+    generation, marks the session deleted and removes its identity, so from
+    it on every read answers SESSION_NOT_FOUND, every write of a holder
+    (commit, renew, release, a paused one included) fails (fenced, or the
+    session not found), a Deliver parks nothing, and an OpenSession with the
+    same key creates a new session id. Then every stored item of the session
+    is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+    schedule records, restore-listing entry) before the response; if the
+    call is cut short, the janitor of any replica finishes the removal.
+    A retry of a delete that was cut short finishes it and succeeds.
+    Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+    `session_id`: drain the inbox, or delete with `force`);
+    FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+    `fork_session_ids`: delete the forks first, or set
+    `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+    forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+    (nothing of the session is left); the common ones (retry: a delete is
+    idempotent until it completes).
     """
 
 @_typing.type_check_only
@@ -183,7 +209,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -233,7 +261,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """RenewLease extends the lease while `generation` is still current, even
@@ -249,7 +278,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     """
     Commit: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]  # type: ignore[assignment]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -277,7 +307,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     """
     ListInbox: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]  # type: ignore[assignment]
@@ -296,6 +327,27 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    """
+    DeleteSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]  # type: ignore[assignment]
+    """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+    write is the point of no return: one conditional write bumps the
+    generation, marks the session deleted and removes its identity, so from
+    it on every read answers SESSION_NOT_FOUND, every write of a holder
+    (commit, renew, release, a paused one included) fails (fenced, or the
+    session not found), a Deliver parks nothing, and an OpenSession with the
+    same key creates a new session id. Then every stored item of the session
+    is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+    schedule records, restore-listing entry) before the response; if the
+    call is cut short, the janitor of any replica finishes the removal.
+    A retry of a delete that was cut short finishes it and succeeds.
+    Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+    `session_id`: drain the inbox, or delete with `force`);
+    FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+    `fork_session_ids`: delete the forks first, or set
+    `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+    forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+    (nothing of the session is left); the common ones (retry: a delete is
+    idempotent until it completes).
     """
 
 class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -317,7 +369,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -401,7 +455,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         """
 
     @_abc_1.abstractmethod
@@ -429,7 +484,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         """
 
     @_abc_1.abstractmethod
@@ -475,7 +531,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         """
 
@@ -512,6 +569,33 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSession(
+        self,
+        request: _ledger_pb2.DeleteSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ledger_pb2.DeleteSessionResponse, _abc.Awaitable[_ledger_pb2.DeleteSessionResponse]]:
+        """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+        write is the point of no return: one conditional write bumps the
+        generation, marks the session deleted and removes its identity, so from
+        it on every read answers SESSION_NOT_FOUND, every write of a holder
+        (commit, renew, release, a paused one included) fails (fenced, or the
+        session not found), a Deliver parks nothing, and an OpenSession with the
+        same key creates a new session id. Then every stored item of the session
+        is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+        schedule records, restore-listing entry) before the response; if the
+        call is cut short, the janitor of any replica finishes the removal.
+        A retry of a delete that was cut short finishes it and succeeds.
+        Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+        `session_id`: drain the inbox, or delete with `force`);
+        FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+        `fork_session_ids`: delete the forks first, or set
+        `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+        forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+        (nothing of the session is left); the common ones (retry: a delete is
+        idempotent until it completes).
         """
 
 def add_LedgerServiceServicer_to_server(servicer: LedgerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
