@@ -154,6 +154,9 @@ class FaultyStorage(Storage):
             return await super().transact_marked(checks, writes, marker)  # faults at its transact + get
         return await self._write("transact_marked", lambda: self.inner.transact_marked(checks, writes, marker))
 
+    async def forget_markers(self, prefix: str) -> None:
+        await self.inner.forget_markers(prefix)
+
     async def ping(self) -> None:
         await self.inner.ping()
 

@@ -274,6 +274,12 @@ class Storage(abc.ABC):
     #: whether `transact_marked` can keep a marker with the item its request writes
     keeps_markers_with_items: bool = False
 
+    async def forget_markers(self, prefix: str) -> None:
+        """Drop the request-id markers kept with items under `prefix`, the
+        items staying (erasure, before it deletes them: a deleted item would
+        hand its marker on as an item of its own). Nothing to do where
+        markers are items of their own."""
+
     async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
         """`transact` for a request with an id: applied only when `marker`
         exists under neither of its keys, and then the marker is stored with

@@ -79,6 +79,9 @@ class ObservedStorage(Storage):
             return await super().transact_marked(checks, writes, marker)
         return await self._observe("transact", self.inner.transact_marked(checks, writes, marker))
 
+    async def forget_markers(self, prefix: str) -> None:
+        await self.inner.forget_markers(prefix)
+
     async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
         async for items in self.inner.export_items(start_after, page):
             yield items

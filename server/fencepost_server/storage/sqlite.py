@@ -67,11 +67,13 @@ INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 # its key (a request id reused for another key is still recognised), and
 # triggers that move a marker out to its own row (at its key, the version
 # derived from the item's unique version) whenever its item is overwritten or
-# deleted, on every write path.
+# deleted, on every write path. (Clearing the marker columns alone moves
+# nothing: that is how erasure forgets them.)
 _MARKER_COLUMNS = ("marker_key", "marker_value")
 _MARKER_TRIGGERS = """
 CREATE INDEX IF NOT EXISTS kv_marker ON kv (marker_key) WHERE marker_key IS NOT NULL;
-CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_update AFTER UPDATE ON kv WHEN OLD.marker_key IS NOT NULL
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_write AFTER UPDATE OF value, version ON kv
+WHEN OLD.marker_key IS NOT NULL
 BEGIN
   INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
 END;
@@ -471,6 +473,11 @@ class SqliteStorage(Storage):
             return _apply(conn, version, checks, writes, marker=marker)
 
         return await self._write_op(op, savepoint=len(writes) > 1)
+
+    async def forget_markers(self, prefix: str) -> None:
+        where, args = _bounds(prefix, None)
+        await self._write_op(lambda conn, _v: conn.execute(
+            f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
     # -- operator tools ----------------------------------------------------
     async def import_items(self, items: Sequence[Item]) -> None:
