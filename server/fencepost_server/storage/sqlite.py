@@ -27,6 +27,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -98,6 +99,8 @@ def _create_schema(conn: sqlite3.Connection) -> None:
 
 
 _MAX_BATCH = 512
+_BUSY_SECONDS = 30.0  # how long the writer waits for another process's writer
+_BUSY_STEP = 0.0002
 #: the counter family of this backend's versions (base.version_family)
 _COUNTER_FAMILY = "16"
 _STOP = object()
@@ -150,6 +153,7 @@ class _Worker:
         self._writer = writer
         if writer:
             _create_schema(self._conn)
+            self._conn.execute("PRAGMA busy_timeout=0")  # from now on it waits for the lock itself (`_begin`)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._next_version = 0
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
@@ -169,6 +173,21 @@ class _Worker:
         self._queue.put(_STOP)
         self._thread.join()
         self._conn.close()
+
+    def _begin(self) -> None:
+        """BEGIN IMMEDIATE, waiting for another process's writer (`serve
+        --workers`) in short steps: SQLite's own busy handler backs off to
+        sleeps of 10-25 ms, far longer than the other writer holds the lock
+        (one group commit), which would cap the writes of several workers."""
+        deadline = time.monotonic() + _BUSY_SECONDS
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(_BUSY_STEP)
 
     def _version(self) -> str:
         self._next_version += 1
@@ -211,7 +230,7 @@ class _Worker:
         conn = self._conn
         outcomes: list[tuple[bool, Any]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin()
             (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchall()[0]
             self._next_version = start
             for op, _, _, savepoint in batch:
