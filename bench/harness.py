@@ -24,6 +24,7 @@ class Result:
     p50_ms: float
     p99_ms: float
     cpu_us: float | None = None  # server CPU per call, when measured
+    client_us: float | None = None  # this (client) process's CPU per call
 
     @property
     def rate(self) -> float:
@@ -82,15 +83,18 @@ async def measure_for(call: Callable[[int], Awaitable[object]], *, concurrency: 
     await asyncio.gather(*(caller(slot) for slot in range(concurrency)))
     measuring = True
     cpu0 = cpu() if cpu else 0.0
+    client0 = time.process_time()
     started = clock()
     stop_at = started + seconds
     await asyncio.gather(*(caller(slot) for slot in range(concurrency)))
     elapsed = clock() - started
+    client_used = time.process_time() - client0
     cpu_used = (cpu() - cpu0) if cpu else 0.0
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     result = Result(len(latencies), elapsed, statistics.median(latencies) * 1e3, p99 * 1e3)
     result.cpu_us = cpu_used / len(latencies) * 1e6 if cpu else None
+    result.client_us = client_used / len(latencies) * 1e6
     return result
 
 

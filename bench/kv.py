@@ -256,7 +256,8 @@ async def run(report: Reporter) -> None:
         target, op, conc = key
         report(f"{target} {op} in_flight={conc}", calls_per_s=_median([r.rate for r in results]),
                p50_ms=_median([r.p50_ms for r in results]), p99_ms=_median([r.p99_ms for r in results]),
-               srv_us_per_call=round(_median([r.cpu_us or 0.0 for r in results])))
+               srv_us_per_call=round(_median([r.cpu_us or 0.0 for r in results])),
+               client_us_per_call=round(_median([r.client_us or 0.0 for r in results])))
     for name, figure, bound, check in _target_list():
         values = [figure(r) for r in runs]
         value = _median(values)
