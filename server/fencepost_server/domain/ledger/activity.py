@@ -22,7 +22,7 @@ seq), and the condition on the old act/ value makes a stale memory fail the
 write instead of corrupting the index (the commit then re-reads and retries).
 
 A listing that started at T0 sees each session at exactly one entry: the one
-with `u <= T0 < n` (n absent = current). Superseded entries are kept for the
+with `u < T0 <= n` (n absent = current). Superseded entries are kept for the
 listing horizon so that a listing in progress still finds a session that
 moved after its first page.
 """

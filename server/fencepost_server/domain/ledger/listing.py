@@ -2,8 +2,8 @@
 agent's activity index (activity.py) in work proportional to the page.
 
 A listing is a snapshot at T0, the server's clock when its first page is
-read: each session appears once, at the entry that was current at T0
-(`u <= T0 < n`), with that entry's seq, size and time. A session that
+read: each session appears once, at the entry that was current just before
+T0 (`u < T0 <= n`), with that entry's seq, size and time. A session that
 commits between two pages keeps its T0 entry (superseded entries live for
 the listing horizon), so it is neither skipped nor listed twice; one created
 after T0 is not listed. The caps apply to that snapshot: `max_age` against
@@ -81,7 +81,7 @@ class ListingMethods(SessionMethods):
         prefix = index_prefix(root)
         cutoff = pos.t0 - int(max_age * 1e6)
         horizon = now - int(self.config.listing_horizon * 1e6)
-        start = prefix + pos.after if pos.after else index_start(prefix, pos.t0)
+        start = prefix + pos.after if pos.after else index_start(prefix, pos.t0 - 1)
         batch = min(1000, limit + 16)
         out: list[SessionSummary] = []
         sweep: list[tuple[str, str]] = []
@@ -95,7 +95,7 @@ class ListingMethods(SessionMethods):
                         return out, ""  # everything further is older than max_age
                     entry = json.loads(it.value)
                     superseded = entry.get("n")
-                    if superseded is not None and int(superseded) <= pos.t0:
+                    if superseded is not None and int(superseded) < pos.t0:
                         if int(superseded) <= horizon and len(sweep) < _SWEEP_MAX:
                             sweep.append((it.key, it.version))
                         continue  # not this snapshot's entry of the session
