@@ -82,7 +82,7 @@ class ListingMethods(SessionMethods):
         cutoff = pos.t0 - int(max_age * 1e6)
         horizon = now - int(self.config.listing_horizon * 1e6)
         start = prefix + pos.after if pos.after else index_start(prefix, pos.t0 - 1)
-        batch = min(1000, limit + 16)
+        batch = min(1000, 2 * limit + 16)  # room for superseded entries between live ones
         out: list[SessionSummary] = []
         sweep: list[tuple[str, str]] = []
         try:
