@@ -132,6 +132,8 @@ class SessionMethods(ActivityMethods):
         if meta_i is None or head_i is None or lease_i is None:
             raise session_not_found(sid)
         self.remember_lease(sk.lease, lease_i)
+        if act_i is not None:
+            self.remember_activity(sk, act_i.value)
         meta = Meta.decode(meta_i.value)
         activity = json.loads(act_i.value)["t"] if act_i is not None else meta.created
         return self._view(meta, parse_seq(head_i.value), LeaseState.decode(lease_i.value), pending, activity)
