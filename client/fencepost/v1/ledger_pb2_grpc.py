@@ -266,6 +266,8 @@ class LedgerServiceServicer:
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
         95 records + consumed ids + commit_id together, or 4 MiB; split the
         commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+        write, from concurrent empty commits; retry with the same commit_id);
         SESSION_NOT_FOUND; the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -131,6 +131,8 @@ class LedgerServiceStub:
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
     95 records + consumed ids + commit_id together, or 4 MiB; split the
     commit), RECORD_TOO_LARGE (a record over 256 KiB);
+    ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+    write, from concurrent empty commits; retry with the same commit_id);
     SESSION_NOT_FOUND; the common ones.
     """
     ReadLog: _grpc.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]
@@ -270,6 +272,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
     95 records + consumed ids + commit_id together, or 4 MiB; split the
     commit), RECORD_TOO_LARGE (a record over 256 KiB);
+    ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+    write, from concurrent empty commits; retry with the same commit_id);
     SESSION_NOT_FOUND; the common ones.
     """
     ReadLog: _aio.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]  # type: ignore[assignment]
@@ -460,6 +464,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
         95 records + consumed ids + commit_id together, or 4 MiB; split the
         commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+        write, from concurrent empty commits; retry with the same commit_id);
         SESSION_NOT_FOUND; the common ones.
         """
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...storage import Delete, Expect, Put
+from ...storage import MAX_TXN_OPS, Delete, Expect, Put
 from ..paging import decode_token, encode_token, page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
@@ -156,16 +156,19 @@ class ListingMethods(SessionMethods):
         start = None
         while True:
             items = await self.storage.list(prefix, start, _MIGRATE_BATCH)
+            puts = []
             for it in items:
-                d = json.loads(it.value)
-                if "u" in d:
+                if "u" in json.loads(it.value):
                     continue  # written with its index entry
                 act = Activity.decode(it.value)
-                sid = it.key[len(prefix):]
-                key = index_key(index, act.micros, sid)
+                key = index_key(index, act.micros, it.key[len(prefix):])
                 # If absent only: a commit may already have written it as superseded.
-                await self.storage.transact((), [Put(key, act.entry_value(), Expect(exists=False))])
+                puts.append(Put(key, act.entry_value(), Expect(exists=False)))
+            for at in range(0, len(puts), MAX_TXN_OPS):
+                chunk = puts[at:at + MAX_TXN_OPS]
+                if not (await self.storage.transact((), chunk)).applied:
+                    for put in chunk:  # some exist already: one at a time
+                        await self.storage.transact((), [put])
             if len(items) < _MIGRATE_BATCH:
                 return
             start = items[-1].key
-
