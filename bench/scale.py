@@ -8,7 +8,8 @@ filled through the domain, then served by a real server process:
     records    ReadLog of one session: first page, and the tail
     keys       KV List: first page, and a page half way down
     inbox      ListInbox: first page of a session with that many pending events
-    entries    memory List (first page, half way) and Search
+    entries    memory List (first page, half way) and Search; the cold fold
+    reminders  the reminder fold of the long session: cold and warm (domain only)
 
 Each row gives the page's p50 over gRPC, the backend calls one page costs
 (the same call through the domain over CountingStorage), and the server's
@@ -37,6 +38,7 @@ from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.ledger.layout import encode_event, new_inbox_id
 from fencepost_server.domain.memory import Entry, MemoryStore
 from fencepost_server.domain.requests import RequestLog
+from fencepost_server.domain.schedule.service import Schedule
 from fencepost_server.storage import Put, Storage
 from fencepost_server.storage.counting import CountingStorage
 from fencepost_server.storage.sqlite import SqliteStorage
@@ -145,13 +147,22 @@ async def _measure(report: Report, n: int, path: Path) -> None:
     started = time.perf_counter()
     await MemoryStore(cold).list(TENANT, AGENT, size=PAGE)
     cold_fold = (time.perf_counter() - started) * 1e3, cold.total()
+    # Reminders fold the session's log: cold (a replica that never saw it), then warm.
+    reminders = Schedule(Ledger(cold))
+    figures: dict[str, float] = {}
+    for phase in ("cold", "warm"):
+        cold.reset()
+        started = time.perf_counter()
+        await reminders.list(TENANT, log_sid, size=PAGE)
+        figures[f"{phase}_ms"], figures[f"{phase}_calls"] = (time.perf_counter() - started) * 1e3, cold.total()
+    report(f"scale reminders fold n={n}", **figures)
     await storage.close()
 
     port = free_port()
     with fencepost_server(port, f"sqlite://{path}") as proc:
         async with fencepost.AsyncClient(f"127.0.0.1:{port}", timeout=120) as c:
             deep = await _deep_token(lambda t: c.list_sessions_page(
-                AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=1000, page_token=t), n)
+                AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=_stride(n), page_token=t), n)
             first_ms = await _p50(lambda: c.list_sessions_page(
                 AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=PAGE))
             deep_ms = await _p50(lambda: c.list_sessions_page(
@@ -168,7 +179,7 @@ async def _measure(report: Report, n: int, path: Path) -> None:
             report(f"scale records n={n}", first_p50_ms=await _p50(lambda: log_page(1)),
                    tail_p50_ms=await _p50(lambda: log_page(n - PAGE + 1)),
                    calls_first=calls["records first"], calls_tail=calls["records tail"])
-            kv_deep = await _deep_token(lambda t: c.list_page("k/", page_size=1000, page_token=t), n)
+            kv_deep = await _deep_token(lambda t: c.list_page("k/", page_size=_stride(n), page_token=t), n)
             report(f"scale keys n={n}", first_p50_ms=await _p50(lambda: c.list_page("k/", page_size=PAGE)),
                    deep_p50_ms=await _p50(lambda: c.list_page("k/", page_size=PAGE, page_token=kv_deep)),
                    calls_page=calls["keys first"])
@@ -181,7 +192,7 @@ async def _measure(report: Report, n: int, path: Path) -> None:
                         break
 
             report(f"scale inbox n={n}", first_p50_ms=await _p50(inbox_page), calls_page=calls["inbox first"])
-            mem_deep = await _deep_token(lambda t: _memory_page(c, t, 1000), n)
+            mem_deep = await _deep_token(lambda t: _memory_page(c, t, _stride(n)), n)
             report(f"scale entries n={n}",
                    list_first_p50_ms=await _p50(lambda: _memory_page(c, "", PAGE)),
                    list_deep_p50_ms=await _p50(lambda: _memory_page(c, mem_deep, PAGE)),
@@ -195,8 +206,13 @@ async def _memory_page(c: fencepost.AsyncClient, token: str, size: int) -> tuple
     return list(res.entries), res.next_page_token
 
 
+def _stride(n: int) -> int:
+    """Page size used to walk to the middle of a listing of n items."""
+    return max(PAGE, min(1000, n // 10))
+
+
 async def _deep_token(page: Callable[[str], Awaitable[tuple[list[Any], str]]], n: int) -> str:
-    """The token of the page half way down a listing of n items (pages of 1000)."""
+    """The token of the page half way down a listing of n items."""
     token, seen = "", 0
     while seen < n // 2:
         items, token = await page(token)
@@ -207,7 +223,7 @@ async def _deep_token(page: Callable[[str], Awaitable[tuple[list[Any], str]]], n
 
 
 async def _deep_session_token(ledger: Ledger, n: int) -> str:
-    return await _deep_token(lambda t: ledger.list_sessions(TENANT, AGENT, MANY, 1e9, MANY, 1000, t), n)
+    return await _deep_token(lambda t: ledger.list_sessions(TENANT, AGENT, MANY, 1e9, MANY, _stride(n), t), n)
 
 
 async def _first_log_page(ledger: Ledger, sid: str, from_seq: int) -> None:
