@@ -141,7 +141,7 @@ async def _measure(report: Report, n: int, path: Path) -> None:
         "keys first": await _calls(counting, lambda: kv.list(TENANT, "k/", PAGE, "")),
         "inbox first": await _calls(counting, lambda: ledger.list_inbox(TENANT, log_sid, PAGE)),
         "entries first": await _calls(counting, lambda: memory.list(TENANT, AGENT, size=PAGE)),
-        "entries search": await _calls(counting, lambda: memory.search(TENANT, AGENT, "topic7 word77")),
+        "entries search": await _calls(counting, lambda: memory.search(TENANT, AGENT, "topic7 word7")),
     }
     cold = CountingStorage(storage)
     started = time.perf_counter()
@@ -196,7 +196,7 @@ async def _measure(report: Report, n: int, path: Path) -> None:
             report(f"scale entries n={n}",
                    list_first_p50_ms=await _p50(lambda: _memory_page(c, "", PAGE)),
                    list_deep_p50_ms=await _p50(lambda: _memory_page(c, mem_deep, PAGE)),
-                   search_p50_ms=await _p50(lambda: c.memory_search(AGENT, "topic7 word77")),
+                   search_p50_ms=await _p50(lambda: c.memory_search(AGENT, "topic7 word7")),
                    calls_list=calls["entries first"], calls_search=calls["entries search"],
                    cold_fold_ms=cold_fold[0], cold_fold_calls=cold_fold[1], rss_end_mb=_rss_mb(proc.pid))
 
