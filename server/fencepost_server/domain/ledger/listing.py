@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...storage import MAX_TXN_OPS, Delete, Expect, Put
+from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
 from ..paging import decode_token, encode_token, page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
@@ -137,7 +137,7 @@ class ListingMethods(SessionMethods):
         deletes = [Delete(key, Expect(version=version)) for key, version in entries]
         try:
             await self.storage.transact((), deletes)
-        except Exception:  # an outage or a race: the next listing sweeps them
+        except StorageError:  # an outage: the next listing sweeps them
             pass
 
     # -- stores written before the index ---------------------------------------------
