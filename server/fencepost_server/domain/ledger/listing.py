@@ -25,6 +25,7 @@ agent), then marks the agent `ix-ready`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
@@ -40,6 +41,16 @@ DEFAULT_MAX_BYTES = 1 << 30
 _SCAN_CALLS = 4  # index list calls per page at most
 _MIGRATE_BATCH = 1000
 _SWEEP_MAX = 90  # superseded entries deleted per page (one transaction)
+
+
+#: An entry's `n` without parsing it: in canonical JSON (sorted keys, ASCII,
+#: every quote inside a string escaped) `"n":` can only be that key.
+_SUPERSEDED = re.compile(rb'"n":(\d+)')
+
+
+def _superseded_at(value: bytes) -> int | None:
+    found = _SUPERSEDED.search(value)
+    return int(found.group(1)) if found else None
 
 
 @dataclass
@@ -82,7 +93,7 @@ class ListingMethods(SessionMethods):
         cutoff = pos.t0 - int(max_age * 1e6)
         horizon = now - int(self.config.listing_horizon * 1e6)
         start = prefix + pos.after if pos.after else index_start(prefix, pos.t0 - 1)
-        batch = min(1000, 2 * limit + 16)  # room for superseded entries between live ones
+        batch = min(1000, 3 * limit + 16)  # room for superseded entries between live ones
         out: list[SessionSummary] = []
         sweep: list[tuple[str, str]] = []
         try:
@@ -93,12 +104,12 @@ class ListingMethods(SessionMethods):
                     micros, sid = parse_index_key(prefix, it.key)
                     if micros < cutoff:
                         return out, ""  # everything further is older than max_age
-                    entry = json.loads(it.value)
-                    superseded = entry.get("n")
-                    if superseded is not None and int(superseded) < pos.t0:
-                        if int(superseded) <= horizon and len(sweep) < _SWEEP_MAX:
+                    superseded = _superseded_at(it.value)
+                    if superseded is not None and superseded < pos.t0:
+                        if superseded <= horizon and len(sweep) < _SWEEP_MAX:
                             sweep.append((it.key, it.version))
                         continue  # not this snapshot's entry of the session
+                    entry = json.loads(it.value)
                     if pos.count >= max_sessions:
                         return out, ""
                     summary = await self._summary(tenant, sid, micros, entry)
@@ -122,11 +133,10 @@ class ListingMethods(SessionMethods):
         seq = int(entry["s"])  # type: ignore[call-overload]
         size = entry.get("b")
         key = entry.get("k")
-        sk = self.keys(tenant, sid)
         if size is None:  # written before the index (or a fresh fork): computed once
             size = await self.session_bytes(tenant, sid, seq)
         if key is None:
-            key = (await self.read_meta(sk)).key
+            key = (await self.read_meta(self.keys(tenant, sid))).key
         return SessionSummary(sid, str(key), seq, micros / 1e6, int(size))  # type: ignore[call-overload]
 
     async def _sweep(self, entries: list[tuple[str, str]]) -> None:
