@@ -11,10 +11,12 @@ filled through the domain, then served by a real server process:
     entries    memory List (first page, half way) and Search; the cold fold
     reminders  the reminder fold of the long session: cold and warm (domain only)
 
-Each row gives the page's p50 over gRPC, the backend calls one page costs
-(the same call through the domain over CountingStorage), and the server's
-RSS after the ListSessions pages (`rss_mb`) and after everything (`rss_end_mb`:
-the memory fold holds an agent's entries in memory, by design).
+Each row gives the page's p50 over gRPC (one server process per size, all
+running at once and measured in turns, so load drifting on this shared
+machine hits every size alike), the backend calls one page costs (the same
+call through the domain over CountingStorage), and each server's RSS after
+the ListSessions pages (`rss_mb`) and after everything (`rss_end_mb`: the
+memory fold holds an agent's entries in memory, by design).
 
     python -m bench.scale        (or `make bench ARGS=scale`)
 """
@@ -22,6 +24,7 @@ the memory fold holds an agent's entries in memory, by design).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
@@ -54,17 +57,6 @@ AGENT = "scale"
 MANY = 2**31 - 1  # caps that never bind: page through the whole listing
 
 Report = Callable[..., None]
-
-
-async def _p50(call: Callable[[], Awaitable[Any]], n: int = CALLS) -> float:
-    for _ in range(5):
-        await call()
-    samples = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples) * 1e3
 
 
 async def _calls(storage: CountingStorage, call: Callable[[], Awaitable[Any]]) -> int:
@@ -121,8 +113,8 @@ async def _fill(storage: Storage, n: int) -> dict[str, Any]:
     return {"log": log_view.session_id, "fill_s": time.perf_counter() - started}
 
 
-# -- one size ----------------------------------------------------------------------------
-async def _measure(report: Report, n: int, path: Path) -> None:
+# -- one size, in process: fill, and count the calls one page costs --------------------
+async def _prepare(report: Report, n: int, path: Path) -> dict[str, Any]:
     storage = SqliteStorage(path, synchronous="OFF")
     filled = await _fill(storage, n)
     counting = CountingStorage(storage)
@@ -138,15 +130,15 @@ async def _measure(report: Report, n: int, path: Path) -> None:
             TENANT, AGENT, MANY, 1e9, MANY, PAGE, half_sessions)),
         "records first": await _calls(counting, lambda: _first_log_page(ledger, log_sid, 1)),
         "records tail": await _calls(counting, lambda: _first_log_page(ledger, log_sid, n - PAGE + 1)),
-        "keys first": await _calls(counting, lambda: kv.list(TENANT, "k/", PAGE, "")),
-        "inbox first": await _calls(counting, lambda: ledger.list_inbox(TENANT, log_sid, PAGE)),
-        "entries first": await _calls(counting, lambda: memory.list(TENANT, AGENT, size=PAGE)),
+        "keys": await _calls(counting, lambda: kv.list(TENANT, "k/", PAGE, "")),
+        "inbox": await _calls(counting, lambda: ledger.list_inbox(TENANT, log_sid, PAGE)),
+        "entries list": await _calls(counting, lambda: memory.list(TENANT, AGENT, size=PAGE)),
         "entries search": await _calls(counting, lambda: memory.search(TENANT, AGENT, "topic7 word7")),
     }
     cold = CountingStorage(storage)
     started = time.perf_counter()
     await MemoryStore(cold).list(TENANT, AGENT, size=PAGE)
-    cold_fold = (time.perf_counter() - started) * 1e3, cold.total()
+    calls["cold fold ms"], calls["cold fold calls"] = (time.perf_counter() - started) * 1e3, cold.total()
     # Reminders fold the session's log: cold (a replica that never saw it), then warm.
     reminders = Schedule(Ledger(cold))
     figures: dict[str, float] = {}
@@ -157,48 +149,98 @@ async def _measure(report: Report, n: int, path: Path) -> None:
         figures[f"{phase}_ms"], figures[f"{phase}_calls"] = (time.perf_counter() - started) * 1e3, cold.total()
     report(f"scale reminders fold n={n}", **figures)
     await storage.close()
+    return {"n": n, "path": path, "log": log_sid, "calls": calls, "fill_s": filled["fill_s"]}
 
-    port = free_port()
-    with fencepost_server(port, f"sqlite://{path}") as proc:
-        async with fencepost.AsyncClient(f"127.0.0.1:{port}", timeout=120) as c:
-            deep = await _deep_token(lambda t: c.list_sessions_page(
-                AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=_stride(n), page_token=t), n)
-            first_ms = await _p50(lambda: c.list_sessions_page(
-                AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=PAGE))
-            deep_ms = await _p50(lambda: c.list_sessions_page(
-                AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY, page_size=PAGE, page_token=deep))
-            rss = _rss_mb(proc.pid)
-            report(f"scale sessions n={n}", first_p50_ms=first_ms, deep_p50_ms=deep_ms,
-                   calls_first=calls["sessions first"], calls_deep=calls["sessions deep"], rss_mb=rss,
-                   fill_s=filled["fill_s"])
 
-            async def log_page(from_seq: int) -> None:
-                async for _ in c.read_log(log_sid, from_seq=from_seq, limit=PAGE):
-                    pass
+# -- every size served side by side, measured in interleaved rounds ----------------------
+ROUNDS = 5
 
-            report(f"scale records n={n}", first_p50_ms=await _p50(lambda: log_page(1)),
-                   tail_p50_ms=await _p50(lambda: log_page(n - PAGE + 1)),
-                   calls_first=calls["records first"], calls_tail=calls["records tail"])
-            kv_deep = await _deep_token(lambda t: c.list_page("k/", page_size=_stride(n), page_token=t), n)
-            report(f"scale keys n={n}", first_p50_ms=await _p50(lambda: c.list_page("k/", page_size=PAGE)),
-                   deep_p50_ms=await _p50(lambda: c.list_page("k/", page_size=PAGE, page_token=kv_deep)),
-                   calls_page=calls["keys first"])
 
-            async def inbox_page() -> None:
-                got = 0
-                async for _ in c.list_inbox(log_sid, page_size=PAGE):
-                    got += 1
-                    if got == PAGE:
-                        break
+async def _interleaved(calls: dict[int, Callable[[], Awaitable[Any]]]) -> dict[int, float]:
+    """p50 per size, the sizes taking turns (load on this shared machine drifts)."""
+    samples: dict[int, list[float]] = {n: [] for n in calls}
+    for call in calls.values():
+        for _ in range(5):
+            await call()
+    for _ in range(ROUNDS):
+        for n, call in calls.items():
+            for _ in range(CALLS // ROUNDS):
+                started = time.perf_counter()
+                await call()
+                samples[n].append(time.perf_counter() - started)
+    return {n: statistics.median(v) * 1e3 for n, v in samples.items()}
 
-            report(f"scale inbox n={n}", first_p50_ms=await _p50(inbox_page), calls_page=calls["inbox first"])
-            mem_deep = await _deep_token(lambda t: _memory_page(c, t, _stride(n)), n)
-            report(f"scale entries n={n}",
-                   list_first_p50_ms=await _p50(lambda: _memory_page(c, "", PAGE)),
-                   list_deep_p50_ms=await _p50(lambda: _memory_page(c, mem_deep, PAGE)),
-                   search_p50_ms=await _p50(lambda: c.memory_search(AGENT, "topic7 word7")),
-                   calls_list=calls["entries first"], calls_search=calls["entries search"],
-                   cold_fold_ms=cold_fold[0], cold_fold_calls=cold_fold[1], rss_end_mb=_rss_mb(proc.pid))
+
+async def _serve_all(report: Report, sizes: list[dict[str, Any]]) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        clients, procs = {}, {}
+        for size in sizes:
+            port = free_port()
+            procs[size["n"]] = stack.enter_context(fencepost_server(port, f"sqlite://{size['path']}"))
+            clients[size["n"]] = await stack.enter_async_context(
+                fencepost.AsyncClient(f"127.0.0.1:{port}", timeout=120))
+        await _measure_all(report, sizes, clients, procs)
+
+
+async def _measure_all(report: Report, sizes: list[dict[str, Any]], clients: dict[int, Any],
+                       procs: dict[int, Any]) -> None:
+    by_n = {size["n"]: size for size in sizes}
+
+    def sessions(c: Any, token: str = "", size: int = PAGE) -> Awaitable[Any]:
+        return c.list_sessions_page(AGENT, max_sessions=MANY, max_age=1e9, max_total_bytes=MANY,
+                                    page_size=size, page_token=token)
+
+    deep = {n: await _deep_token(lambda t, c=c, n=n: sessions(c, t, _stride(n)), n) for n, c in clients.items()}
+    first_ms = await _interleaved({n: (lambda c=c: sessions(c)) for n, c in clients.items()})
+    deep_ms = await _interleaved({n: (lambda c=c, n=n: sessions(c, deep[n])) for n, c in clients.items()})
+    for n in clients:
+        calls = by_n[n]["calls"]
+        report(f"scale sessions n={n}", first_p50_ms=first_ms[n], deep_p50_ms=deep_ms[n],
+               calls_first=calls["sessions first"], calls_deep=calls["sessions deep"],
+               rss_mb=_rss_mb(procs[n].pid), fill_s=by_n[n]["fill_s"])
+
+    async def log_page(c: Any, sid: str, from_seq: int) -> None:
+        async for _ in c.read_log(sid, from_seq=from_seq, limit=PAGE):
+            pass
+
+    first = await _interleaved({n: (lambda c=c, n=n: log_page(c, by_n[n]["log"], 1)) for n, c in clients.items()})
+    tail = await _interleaved({n: (lambda c=c, n=n: log_page(c, by_n[n]["log"], n - PAGE + 1))
+                               for n, c in clients.items()})
+    for n in clients:
+        calls = by_n[n]["calls"]
+        report(f"scale records n={n}", first_p50_ms=first[n], tail_p50_ms=tail[n],
+               calls_first=calls["records first"], calls_tail=calls["records tail"])
+
+    kv_deep = {n: await _deep_token(lambda t, c=c, n=n: c.list_page("k/", page_size=_stride(n), page_token=t), n)
+               for n, c in clients.items()}
+    first = await _interleaved({n: (lambda c=c: c.list_page("k/", page_size=PAGE)) for n, c in clients.items()})
+    deeper = await _interleaved({n: (lambda c=c, n=n: c.list_page("k/", page_size=PAGE, page_token=kv_deep[n]))
+                                 for n, c in clients.items()})
+    for n in clients:
+        report(f"scale keys n={n}", first_p50_ms=first[n], deep_p50_ms=deeper[n], calls_page=by_n[n]["calls"]["keys"])
+
+    async def inbox_page(c: Any, sid: str) -> None:
+        got = 0
+        async for _ in c.list_inbox(sid, page_size=PAGE):
+            got += 1
+            if got == PAGE:
+                break
+
+    first = await _interleaved({n: (lambda c=c, n=n: inbox_page(c, by_n[n]["log"])) for n, c in clients.items()})
+    for n in clients:
+        report(f"scale inbox n={n}", first_p50_ms=first[n], calls_page=by_n[n]["calls"]["inbox"])
+
+    mem_deep = {n: await _deep_token(lambda t, c=c, n=n: _memory_page(c, t, _stride(n)), n)
+                for n, c in clients.items()}
+    first = await _interleaved({n: (lambda c=c: _memory_page(c, "", PAGE)) for n, c in clients.items()})
+    deeper = await _interleaved({n: (lambda c=c, n=n: _memory_page(c, mem_deep[n], PAGE)) for n, c in clients.items()})
+    search = await _interleaved({n: (lambda c=c: c.memory_search(AGENT, "topic7 word7")) for n, c in clients.items()})
+    for n in clients:
+        calls = by_n[n]["calls"]
+        report(f"scale entries n={n}", list_first_p50_ms=first[n], list_deep_p50_ms=deeper[n],
+               search_p50_ms=search[n], calls_list=calls["entries list"], calls_search=calls["entries search"],
+               cold_fold_ms=calls["cold fold ms"], cold_fold_calls=calls["cold fold calls"],
+               rss_end_mb=_rss_mb(procs[n].pid))
 
 
 async def _memory_page(c: fencepost.AsyncClient, token: str, size: int) -> tuple[list[Any], str]:
@@ -233,8 +275,8 @@ async def _first_log_page(ledger: Ledger, sid: str, from_seq: int) -> None:
 
 async def run(report: Report) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for n in SIZES:
-            await _measure(report, n, Path(tmp) / f"scale-{n}.db")
+        sizes = [await _prepare(report, n, Path(tmp) / f"scale-{n}.db") for n in SIZES]
+        await _serve_all(report, sizes)
 
 
 def _print(name: str, **figures: Any) -> None:
