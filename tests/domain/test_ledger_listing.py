@@ -262,3 +262,25 @@ async def test_a_commit_fits_its_activity_in_one_transaction(storage: Storage) -
     clock.now += 1
     page, _ = await ledger.list_sessions(T, A)
     assert page[0].seq == 65 and page[0].total_bytes == 100 + 64
+
+
+async def test_deleting_a_session_removes_every_listing_entry(storage: Storage) -> None:
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    doomed, kept = await _populate(ledger, clock, 2)
+    for _ in range(4):  # superseded entries kept for listings in progress
+        await _commit(ledger, doomed)
+        clock.now += 1
+    other = Ledger(storage, clock=clock)  # a replica whose memory of the act/ item goes stale
+    await _commit(other, doomed)
+    page, token = await ledger.list_sessions(T, A, size=1)  # a listing in progress
+    await ledger.release(T, doomed, (await ledger.get(T, doomed)).lease.generation)
+    await ledger.delete_session(T, doomed)
+    prefix = index_prefix(agent_root(T, A))
+    assert not [k for k in await storage.list_keys(prefix, None, 1000) if k.endswith(doomed)]
+    assert await storage.get(ledger.keys(T, doomed).act) is None
+    clock.now += 1
+    rest = page + (await ledger.list_sessions(T, A, size=10, token=token))[0]
+    assert [s.session_id for s in rest] == [doomed, kept]  # listed before the delete
+    fresh, _ = await ledger.list_sessions(T, A)
+    assert [s.session_id for s in fresh] == [kept]

@@ -33,14 +33,16 @@ import json
 from dataclasses import dataclass, replace
 
 from ...storage import Delete, Expect, Put, Write
+from ..errors import NotFound
 from .core import LedgerBase
-from .layout import SessionKeys, activity_micros, dumps, session_not_found
+from .layout import Meta, SessionKeys, activity_micros, dumps
 
 #: Session keys longer than this stay out of the index (the listing reads meta).
 KEY_IN_INDEX_BYTES = 1024
 #: At most this many superseded entries are kept per session; older ones are
 #: deleted even inside the horizon (a session committing faster than this).
-MAX_KEPT = 128
+#: DeleteSession's one tombstone transaction deletes them all, so it must fit.
+MAX_KEPT = 64
 #: Operations an activity change adds to a transaction (act, new entry, old entry).
 ACTIVITY_OPS = 3
 
@@ -99,22 +101,32 @@ class ActivityMethods(LedgerBase):
         else:
             self._acts.put(sk.act, value)
 
-    async def prior_activity(self, tenant: str, sk: SessionKeys, expected_seq: int) -> tuple[bytes, Activity]:
+    async def prior_activity(
+        self, tenant: str, sk: SessionKeys, expected_seq: int
+    ) -> tuple[bytes, Activity] | None:
         """The act/ value a write at `expected_seq` replaces: remembered, or
-        read once. Legacy items (no size or key yet) are completed here, once."""
+        read once (None: there is none, the session is gone). Legacy items (no
+        size or key yet) are completed here, once."""
         value = self._acts.get(sk.act)
         act = Activity.decode(value) if isinstance(value, bytes) else None
         if act is None or act.seq != expected_seq:
             item = await self.storage.get(sk.act)
             if item is None:
-                raise session_not_found(sk.sid)
+                return None
             value, act = item.value, Activity.decode(item.value)
             self.remember_activity(sk, value)
         assert isinstance(value, bytes) and act is not None
         if act.size is None:
-            act = replace(act, size=await self.session_bytes(tenant, sk.sid, act.seq))  # type: ignore[attr-defined]
+            try:
+                size = await self.session_bytes(tenant, sk.sid, act.seq)  # type: ignore[attr-defined]
+            except NotFound:
+                return None
+            act = replace(act, size=size)
         if act.key is None:
-            act = replace(act, key=indexed_key((await self.read_meta(sk)).key))
+            meta = await self.storage.get(sk.meta)
+            if meta is None:
+                return None
+            act = replace(act, key=indexed_key(Meta.decode(meta.value).key))
         return value, act
 
     def advance_writes(

@@ -117,14 +117,19 @@ class CommitMethods(ActivityMethods):
         ]
         writes += [Delete(sk.inbox_key(cid), Expect(exists=True)) for cid in consume]
         if commit_id:
-            writes.append(Put(sk.commit_key(commit_id), dumps({"s": new_seq, "f": fp}), Expect(exists=False)))
+            # "t": when, so retention can sweep markers past their window (docs/lifecycle.md)
+            marker = dumps({"s": new_seq, "f": fp, "t": int(self.clock())})
+            writes.append(Put(sk.commit_key(commit_id), marker, Expect(exists=False)))
         added = sum(len(r) for r in records)
         for _attempt in range(_ATTEMPTS):
-            old_value, old = await self.prior_activity(tenant, sk, expected_seq)
-            room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
-            activity, new_act = self.advance_writes(sk, old_value, old, new_seq, added, room)
-            ops = [*writes, *activity]
-            size = sum(len(op.key.encode()) for op in (*checks, *ops))
+            prior = await self.prior_activity(tenant, sk, expected_seq)
+            if prior is None:  # the session is gone: the write fails and _why says how
+                ops, new_act, conds = writes, None, [*checks, Check(sk.act, Expect(exists=True))]
+            else:
+                room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
+                activity, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
+                ops, conds = [*writes, *activity], checks
+            size = sum(len(op.key.encode()) for op in (*conds, *ops))
             size += sum(len(w.value) for w in ops if isinstance(w, Put))
             if size > self.limits.max_txn_bytes:
                 raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
@@ -132,7 +137,7 @@ class CommitMethods(ActivityMethods):
 
             # One backend call: the pending count comes back with the write.
             try:
-                res = await self.storage.transact(checks, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
+                res = await self.storage.transact(conds, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
             except StorageError:
                 self.remember_activity(sk, None)  # the outcome is unknown: re-read next time
                 raise

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 
 from fencepost import reasons
 
+from ...storage import Check, Expect, Put
+from ..errors import NotFound
 from .activity import Activity
 from .core import SessionView, bad
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
@@ -45,14 +47,23 @@ class ForkMethods(ListingMethods):
             # The child's log bytes are the parent's at at_seq: known when the fork is at the head.
             parent_act = Activity.decode(act_i.value) if act_i is not None else None
             size = parent_act.size if parent_act is not None and parent_act.seq == at_seq else None
-            writes, act = self._create_writes(sk, meta, idkey, at_seq, size)
-            res = await self.storage.transact((), writes)
+            created, act = self._create_writes(sk, meta, idkey, at_seq, size)
+            # the parent must still exist (a DeleteSession tombstone removes its head),
+            # and its forks marker moves, so a delete deciding meanwhile sees this fork
+            writes = [*created, Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b"")]
+            res = await self.storage.transact([Check(parent.head, Expect(exists=True))], writes)
             if res.applied:
                 self._identities.put(idkey, sid)
                 self.remember_activity(sk, act)
                 return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
+            if 0 in res.failed:
+                raise session_not_found(parent_sid)
             existing = await self._sid_for(tenant, agent, child_key)
-        view = await self.get(tenant, existing or "")
+        try:
+            view = await self.get(tenant, existing or "")
+        except NotFound:  # a cached identity of a session deleted since (the store has none)
+            self.forget_identity(tenant, agent, child_key)
+            return await self.fork(tenant, parent_sid, at_seq, child_key)
         if view.parent == parent_sid and view.seed_length == at_seq:
             return view  # a retried fork
         raise AlreadyExists(
@@ -96,10 +107,17 @@ class ForkMethods(ListingMethods):
         if limit < 0:
             raise bad("limit", "limit must not be negative")
         left = limit or None
+        head = self.keys(tenant, sid).head
         async for page in self.log_pages(tenant, sid, from_seq):
+            # listed before this check: a page is returned only if the session was
+            # not deleted when it was read (and a live fork's ancestors are live)
+            if await self.storage.get(head) is None:
+                raise session_not_found(sid)
             if left is not None:
                 page = page[:left]
                 left -= len(page)
             yield page
             if left is not None and left <= 0:
                 return
+        if await self.storage.get(head) is None:
+            raise session_not_found(sid)  # the end seen may be the sweep's doing, not the log's

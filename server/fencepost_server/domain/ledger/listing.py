@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
+from ..errors import NotFound
 from ..paging import decode_token, encode_token, page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
@@ -112,7 +113,10 @@ class ListingMethods(SessionMethods):
                     entry = json.loads(it.value)
                     if pos.count >= max_sessions:
                         return out, ""
-                    summary = await self._summary(tenant, sid, micros, entry)
+                    try:
+                        summary = await self._summary(tenant, sid, micros, entry)
+                    except NotFound:
+                        continue  # deleted since (an entry written before the index)
                     if pos.used + summary.total_bytes > max_total_bytes:
                         return out, ""  # the byte budget binds: the listing ends here
                     out.append(summary)
@@ -128,6 +132,28 @@ class ListingMethods(SessionMethods):
             await self._sweep(sweep)
         pos.after = start[len(prefix):]
         return out, encode_token(scope, json.dumps([pos.count, pos.used, pos.t0, pos.after]))
+
+    async def idle_sessions(self, tenant: str, agent: str, before: float, limit: int = 1000) -> list[str]:
+        """Up to `limit` sessions of the agent whose last activity is older than
+        `before` (retention): the current entries of the index below `before`,
+        so a pass reads the idle sessions (and superseded entries among them),
+        not every session. Read-only: an agent whose index is not known to be
+        complete (no listing since the upgrade) is read from its act/ items."""
+        root = agent_root(tenant, agent)
+        indexed = bool(self._indexed.get(root)) or await self.storage.get(index_ready_key(root)) is not None
+        prefix = index_prefix(root) if indexed else root + "act/"
+        start = index_start(prefix, int(before * 1e6) - 1) if indexed else None
+        out: list[str] = []
+        while len(out) < limit:
+            items = await self.storage.list(prefix, start, 1000)
+            if indexed:
+                out += [parse_index_key(prefix, it.key)[1] for it in items if _superseded_at(it.value) is None]
+            else:
+                out += [it.key[len(prefix):] for it in items if json.loads(it.value)["t"] < before]
+            if len(items) < 1000:
+                break
+            start = items[-1].key
+        return out[:limit]
 
     async def _summary(self, tenant: str, sid: str, micros: int, entry: dict[str, object]) -> SessionSummary:
         seq = int(entry["s"])  # type: ignore[call-overload]

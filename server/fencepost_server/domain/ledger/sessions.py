@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Expect, Item, Put, Write
+from ...storage import Check, Delete, Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
 from .core import SessionView, bad
@@ -61,6 +61,29 @@ class SessionMethods(ActivityMethods):
             *creation_writes(sk, act),
         ], act.act_value()
 
+    async def listing_keys(self, sk: SessionKeys) -> list[str]:
+        """Every key the restore listing (ListSessions) keeps for one session:
+        act/{sid} and its activity-index entries, derived from act/ (activity.py).
+        Erasure deletes exactly these, so a change of the listing's layout only
+        has to change this and `listing_deletes`."""
+        item = await self.storage.get(sk.act)
+        return [sk.act] if item is None else [sk.act, *sk.listing_keys(item.value)]
+
+    async def listing_deletes(self, sk: SessionKeys) -> list[Write]:
+        """The tombstone's deletes of the listing keys. act/ is deleted only if it
+        still holds the value the entries were derived from: a commit landing
+        in between fails the tombstone (which decides again) instead of
+        leaving an index entry behind."""
+        item = await self.storage.get(sk.act)
+        if item is None:
+            return [Delete(sk.act)]
+        return [Delete(sk.act, Expect(value=item.value)), *(Delete(k) for k in sk.listing_keys(item.value))]
+
+    def forget_identity(self, tenant: str, agent: str, session_key: str) -> None:
+        """Drop a cached identity that named a session since deleted (another
+        replica deleted it; identities are otherwise immutable)."""
+        self._identities.drop(identity_key(tenant, agent, session_key))
+
     async def _sid_for(self, tenant: str, agent: str, session_key: str) -> str | None:
         idkey = identity_key(tenant, agent, session_key)
         sid = self._identities.get(idkey)
@@ -79,7 +102,14 @@ class SessionMethods(ActivityMethods):
         sid, created = await self.open_id(tenant, agent, session_key, metadata)
         if created is not None:
             return created, True
-        return await self.get(tenant, sid), False
+        try:
+            return await self.get(tenant, sid), False
+        except NotFound:  # the session was deleted: the key opens a new one
+            self.forget_identity(tenant, agent, session_key)
+            sid, created = await self.open_id(tenant, agent, session_key, metadata)
+            if created is not None:
+                return created, True
+            return await self.get(tenant, sid), False
 
     async def open_id(
         self, tenant: str, agent: str, session_key: str, metadata: dict[str, str] | None = None
@@ -115,13 +145,19 @@ class SessionMethods(ActivityMethods):
     async def resolve(self, tenant: str, agent: str, session_key: str) -> SessionView:
         check_name(agent, "agent")
         check_name(session_key, "session_key")
-        sid = await self._sid_for(tenant, agent, session_key)
-        if sid is None:
-            raise NotFound(
-                reasons.SESSION_NOT_FOUND, f"no session for key {session_key!r}",
-                {"agent": agent, "session_key": session_key},
-            )
-        return await self.get(tenant, sid)
+        for attempt in range(2):
+            sid = await self._sid_for(tenant, agent, session_key)
+            if sid is not None:
+                try:
+                    return await self.get(tenant, sid)
+                except NotFound:
+                    if attempt:
+                        raise
+                    self.forget_identity(tenant, agent, session_key)  # cached, since deleted
+        raise NotFound(
+            reasons.SESSION_NOT_FOUND, f"no session for key {session_key!r}",
+            {"agent": agent, "session_key": session_key},
+        )
 
     async def get(self, tenant: str, sid: str) -> SessionView:
         sk = self.keys(tenant, sid)
@@ -153,5 +189,6 @@ class SessionMethods(ActivityMethods):
             return total
         async for page in self.log_pages(tenant, sid, upto + 1, head):  # type: ignore[attr-defined]
             total += sum(len(data) for _, data in page)
-        await self.storage.put(sk.size, dumps({"s": head, "b": total}))
+        # conditional: a session deleted meanwhile must not get an item back
+        await self.storage.transact([Check(sk.head, Expect(exists=True))], [Put(sk.size, dumps({"s": head, "b": total}))])
         return total
