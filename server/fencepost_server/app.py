@@ -44,6 +44,7 @@ from .api.kv import KvServicer
 from .api.ledger import LedgerServicer
 from .api.memory import MemoryServicer
 from .api.schedule import ScheduleServicer
+from .api.wire import tolerant_handlers
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.evals import EvalStore
@@ -92,7 +93,9 @@ class HandlerRegistry:
         self._server = server
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        # Tolerant deserializers: undecodable bytes are refused by the servicer
+        # with a documented reason, not answered UNKNOWN by grpc (api/wire.py).
+        self._server.add_generic_rpc_handlers(tolerant_handlers(handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         """Covered by the generic handler registered alongside."""

@@ -4,6 +4,7 @@ Servicer methods are wrapped by `unary` / `server_stream`, which
 - resolve the caller (tenant + role) through the configured authenticator,
 - turn domain and storage errors into a gRPC status with a google.rpc.ErrorInfo
   (and a BadRequest field violation when the error names a field),
+- refuse a request whose bytes did not decode (see wire.py),
 - record the RPC in the metrics.
 """
 
@@ -26,6 +27,7 @@ from fencepost import reasons
 
 from ..domain.errors import Code, DomainError, PermissionDenied
 from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
+from .wire import UndecodableRequest
 
 log = logging.getLogger("fencepost.rpc")
 
@@ -135,6 +137,8 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
         outcome = _OK
         try:
             _caller.set(self.auth.identify(context))
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             return await fn(self, request, context)
         except Exception as exc:
             outcome, status = _failure(name, exc)
@@ -154,6 +158,8 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
         outcome = _OK
         try:
             _caller.set(self.auth.identify(context))
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             async for item in fn(self, request, context):
                 yield item
         except Exception as exc:

@@ -1,0 +1,122 @@
+"""Every RPC of every service, fed hostile bytes on the wire.
+
+Bounded in `make test` (a few hundred calls per backend, fewer on the
+DynamoDB emulator); `FENCEPOST_RELIABILITY=long` (`make reliability`) runs
+more than 100,000 calls. The counts per RPC and the statuses seen are
+printed at the end of the session (conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from fencepost.v1 import journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2
+
+from .harness import Fuzzer, ServerThread
+from .messages import WAITING, Rpc, all_rpcs, request_bytes
+
+LONG = os.environ.get("FENCEPOST_RELIABILITY", "short") == "long"
+#: calls per backend: (short, long); the long profile's total is over 100,000
+CALLS = {"memory": (600, 80_000), "sqlite": (400, 20_000), "dynamodb": (120, 2_000)}
+RPCS = all_rpcs()
+
+
+def _by_name(service: str, name: str) -> Rpc:
+    return next(r for r in RPCS if r.service.endswith(service) and r.name == name)
+
+
+def _seed(fuzz: Fuzzer) -> dict[str, list[object]]:
+    """Names that exist on the server, so drawn calls get past the first check."""
+
+    channel = fuzz.caller.channel
+    ledger = ledger_pb2.OpenSessionResponse.FromString(
+        channel.unary_unary("/fencepost.v1.LedgerService/OpenSession")(
+            ledger_pb2.OpenSessionRequest(agent="a0", session_key="s0").SerializeToString(), timeout=30
+        )
+    )
+    sid = ledger.session.session_id
+    lease = ledger_pb2.AcquireLeaseResponse.FromString(
+        channel.unary_unary("/fencepost.v1.LedgerService/AcquireLease")(
+            ledger_pb2.AcquireLeaseRequest(session_id=sid, holder_id="h0").SerializeToString(), timeout=30
+        )
+    )
+    gen = lease.lease.generation
+    reminder = schedule_pb2.CreateReminderResponse.FromString(
+        channel.unary_unary("/fencepost.v1.ScheduleService/CreateReminder")(
+            schedule_pb2.CreateReminderRequest(
+                session_id=sid, generation=gen, prompt="p", after_seconds=1
+            ).SerializeToString(), timeout=30,
+        )
+    )
+    entry = memory_pb2.MemoryServiceAppendResponse.FromString(
+        channel.unary_unary("/fencepost.v1.MemoryService/Append")(
+            memory_pb2.MemoryServiceAppendRequest(agent_id="a0", content="remember this").SerializeToString(),
+            timeout=30,
+        )
+    )
+    channel.unary_unary("/fencepost.v1.KvService/Put")(
+        kv_pb2.PutRequest(key="k0", value=b"v").SerializeToString(), timeout=30
+    )
+    channel.unary_unary("/fencepost.v1.JournalService/AppendTurn")(
+        journal_pb2.AppendTurnRequest(
+            agent="a0", record=journal_pb2.TurnRecord(at="2026-01-01T00:00:00Z", session_id=sid, channel_id="c",
+                                                      status=journal_pb2.TURN_STATUS_COMPLETED),
+        ).SerializeToString(), timeout=30,
+    )
+    return {
+        "session_id": [sid, sid, "s-unknown"], "parent_session_id": [sid], "generation": [gen, gen + 1],
+        "holder_id": ["h0", "h1"], "agent": ["a0", "a1"], "agent_id": ["a0"], "sdk_agent_id": ["a0"],
+        "key": ["k0", "k1"], "prefix": ["", "k"], "delete_key": ["k0"], "session_key": ["s0", "s1"],
+        "child_session_key": ["c0"], "id": [reminder.reminder.id, "rem_2", entry.entry.id],
+        "supersedes": [entry.entry.id], "run_id": ["r0"], "experiment": ["e0"], "request_id": ["rq0", "rq1"],
+        "at": ["2026-01-01T00:00:00Z", "10000-01-01T00:00:00Z"], "channel_id": ["c"], "v": [1],
+        "expected_seq": [0, 1, 2], "from_seq": [0, 1], "at_seq": [0, 1], "after_seconds": [1, 2**53 - 1],
+        "try_lease": ["h0"], "query": ["remember"], "content": ["remember that"],
+    }
+
+
+@pytest.fixture(params=[pytest.param(b, id=b, marks=[pytest.mark.backend(b)]) for b in CALLS])
+def fuzzer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fuzzer]:
+    from .conftest import TALLIES
+
+    server = ServerThread(request.param, tmp_path)
+    fuzz = Fuzzer(server)
+    try:
+        yield fuzz
+    finally:
+        TALLIES[request.param] = fuzz.tally
+        fuzz.close()
+        server.close()
+
+
+def _weights() -> list[Rpc]:
+    """Each RPC equally often, except the ones that wait (each costs a deadline)."""
+    return [r for r in RPCS for _ in range(1 if r.name in WAITING else 4)]
+
+
+def test_hostile_requests_are_answered_exactly(fuzzer: Fuzzer, request: pytest.FixtureRequest) -> None:
+    backend = request.node.callspec.params["fuzzer"]
+    count = CALLS[backend][1 if LONG else 0]
+    pools = _seed(fuzzer)
+    weighted = _weights()
+    strategies = {r.path: request_bytes(r, pools) for r in RPCS}
+
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), derandomize=not LONG)
+    @given(st.data())
+    def one_call(data: st.DataObject) -> None:
+        rpc = data.draw(st.sampled_from(weighted), label="rpc")
+        body, _how = data.draw(strategies[rpc.path], label="request")
+        fuzzer.check(rpc, body)
+
+    one_call()
+    assert fuzzer.caller.serving(), "the server stopped SERVING"
+    problems = fuzzer.tally.problems
+    assert not problems, f"{len(problems)} answers broke the oracle:\n" + "\n".join(problems[:30])
+    assert set(fuzzer.tally.answers) == {r.path for r in RPCS}, "some RPC was never called"
