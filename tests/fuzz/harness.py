@@ -102,7 +102,9 @@ class Tally:
     """Calls per RPC and the (code, reason) answers seen."""
 
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
-    answers: dict[str, collections.Counter[str]] = field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    answers: dict[str, collections.Counter[str]] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
     problems: list[str] = field(default_factory=list)
 
     def add(self, rpc: Rpc, outcome: Outcome) -> None:
@@ -124,7 +126,8 @@ class Tally:
             seen = ", ".join(f"{label} {n}" for label, n in per.most_common())
             lines.append(f"{path.lstrip('/').replace('fencepost.v1.', ''):<44} {sum(per.values()):>7}  {seen}")
         total = sum(self.calls.values())
-        lines.append(f"total {total} calls; statuses: " + ", ".join(f"{c} {n}" for c, n in self.statuses().most_common()))
+        statuses = ", ".join(f"{c} {n}" for c, n in self.statuses().most_common())
+        lines.append(f"total {total} calls; statuses: {statuses}")
         return "\n".join(lines)
 
 

@@ -168,7 +168,8 @@ def _message(draw: st.DrawFn, desc: Descriptor, pools: Mapping[str, Sequence[obj
             if field.message_type is not None and count > 3:
                 count = min(count, 101)  # enough to cross every per-message cap, small enough to build
             if is_map:
-                key_f, value_f = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+                entry = field.message_type.fields_by_name
+                key_f, value_f = entry["key"], entry["value"]
                 for _ in range(count):
                     key = draw(_scalar(key_f, pools))
                     if value_f.message_type is not None:

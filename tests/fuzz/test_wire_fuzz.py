@@ -115,6 +115,8 @@ def test_hostile_requests_are_answered_exactly(fuzzer: Fuzzer, request: pytest.F
         body, _how = data.draw(strategies[rpc.path], label="request")
         fuzzer.check(rpc, body)
 
+    for rpc in RPCS:  # every RPC at least once, with the empty (all-default) request
+        fuzzer.check(rpc, b"")
     one_call()
     assert fuzzer.caller.serving(), "the server stopped SERVING"
     problems = fuzzer.tally.problems

@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 
 from fencepost import reasons
 
-from ..domain.errors import Code, DomainError, PermissionDenied
+from ..domain.errors import Code, DomainError, InvalidArgument, PermissionDenied
 from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
 from .wire import UndecodableRequest
 
@@ -79,6 +79,49 @@ class NullObserver:
         pass
 
 
+#: a refusal repeats what the caller sent; bounded, so the status always fits
+#: the trailers a client accepts (16 KiB by default) whatever the caller sent
+_MESSAGE_CHARS = 1024
+_METADATA_CHARS = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def timestamp_micros(msg: Any, field: str) -> int | None:
+    """A request Timestamp in microseconds (None when unset), refused unless
+    it is a valid Timestamp (0001-01-01 .. 9999-12-31, nanos in 0..999,999,999)."""
+    if not msg.HasField(field):
+        return None
+    ts = getattr(msg, field)
+    if not (_MIN_TS_SECONDS <= ts.seconds <= _MAX_TS_SECONDS and 0 <= ts.nanos <= 999_999_999):
+        raise InvalidArgument(
+            reasons.FIELD_INVALID, f"{field} is not a valid timestamp (years 1 to 9999)",
+            {"seconds": ts.seconds, "nanos": ts.nanos}, field=field,
+        )
+    return int(ts.seconds * 1_000_000 + ts.nanos // 1000)
+
+
+def duration_seconds(msg: Any, field: str) -> float:
+    """A request Duration in seconds (0.0 when unset), refused unless it is a
+    valid Duration (|seconds| <= 315,576,000,000, nanos of the same sign)."""
+    d = getattr(msg, field)
+    valid = abs(d.seconds) <= _MAX_DURATION_SECONDS and abs(d.nanos) <= 999_999_999 \
+        and not (d.seconds > 0 > d.nanos or d.seconds < 0 < d.nanos)
+    if not valid:
+        raise InvalidArgument(
+            reasons.FIELD_INVALID, f"{field} is not a valid duration",
+            {"seconds": d.seconds, "nanos": d.nanos}, field=field,
+        )
+    return float(d.seconds + d.nanos / 1e9)
+
+
+_MIN_TS_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
+_MAX_TS_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+_MAX_DURATION_SECONDS = 315_576_000_000  # 10,000 years, as google/protobuf/duration.proto
+
+
 def status_of(exc: BaseException) -> status_pb2.Status:
     """The google.rpc.Status for an error raised while serving."""
     if isinstance(exc, DomainError):
@@ -96,6 +139,8 @@ def status_of(exc: BaseException) -> status_pb2.Status:
         code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
     else:
         code, reason, message, metadata, field = Code.INTERNAL, "INTERNAL", "internal error", {}, None
+    message = _clip(message, _MESSAGE_CHARS)
+    metadata = {k: _clip(v, _METADATA_CHARS) for k, v in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=reason, domain=reasons.DOMAIN, metadata=metadata)
     details = [_pack(info)]
     if field is not None:

@@ -12,7 +12,7 @@ from fencepost.v1 import memory_pb2_grpc
 from ..domain.errors import InvalidArgument
 from ..domain.memory import Entry, EntryView, MemoryStore, NewEntry, Topic
 from ..domain.memory import rules
-from .base import Authenticator, RpcObserver, ServicerBase, caller, require_operator, unary
+from .base import Authenticator, RpcObserver, ServicerBase, caller, require_operator, timestamp_micros, unary
 
 _VALIDITY = {rules.CURRENT: pb.MEMORY_VALIDITY_CURRENT, rules.NOT_YET_VALID: pb.MEMORY_VALIDITY_NOT_YET_VALID,
              rules.EXPIRED: pb.MEMORY_VALIDITY_EXPIRED}
@@ -38,10 +38,7 @@ def _enum_number(name: str | None, names: tuple[str, ...]) -> int:
 
 
 def _micros(msg: object, field: str) -> int | None:
-    if not msg.HasField(field):  # type: ignore[attr-defined]
-        return None
-    ts: timestamp_pb2.Timestamp = getattr(msg, field)
-    return int(ts.ToMicroseconds())
+    return timestamp_micros(msg, field)
 
 
 def _ts(micros: int) -> timestamp_pb2.Timestamp:

@@ -68,6 +68,8 @@ class InboxMethods(SessionMethods, LeaseMethods):
                               field="payload")
         if len(dedupe_key) > 1024:
             raise bad("dedupe_key", "dedupe_key is longer than 1024 characters")
+        if try_lease:
+            ttl = self.ttl(ttl)  # type: ignore[attr-defined]  # refused before anything is parked
         if session_id:
             sid = session_id
         else:

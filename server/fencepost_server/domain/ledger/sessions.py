@@ -168,6 +168,9 @@ class SessionMethods(LedgerBase):
         binds (across pages). Scans the agent's activity items (one prefix)."""
         check_name(agent, "agent")
         limit = page_size(self.limits, size)
+        for name, cap in (("max_sessions", max_sessions), ("max_age", max_age), ("max_total_bytes", max_total_bytes)):
+            if cap < 0:
+                raise bad(name, f"{name} must not be negative (got {cap}); 0 means the default")
         max_sessions = max_sessions if max_sessions > 0 else DEFAULT_MAX_SESSIONS
         max_age = max_age if max_age > 0 else DEFAULT_MAX_AGE
         max_total_bytes = max_total_bytes if max_total_bytes > 0 else DEFAULT_MAX_BYTES
