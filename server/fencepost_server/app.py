@@ -153,7 +153,7 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, s.limits, config)
+        journal = Journal(ctx.storage, s.limits, config, requests=ctx.requests)
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal
