@@ -37,8 +37,9 @@ class LedgerServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -145,8 +146,9 @@ class LedgerServiceServicer:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -261,7 +263,9 @@ class LedgerServiceServicer:
         log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
         `inbox_ids`: nothing was written; list the inbox again);
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-        4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        4 MiB; metadata `limit`, `size` and a BadRequest field violation naming
+        `records` or `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a
+        record over 256 KiB);
         SESSION_NOT_FOUND; the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -414,8 +418,9 @@ class LedgerService:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is

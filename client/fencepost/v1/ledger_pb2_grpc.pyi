@@ -38,8 +38,9 @@ class LedgerServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -126,7 +127,9 @@ class LedgerServiceStub:
     log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
     `inbox_ids`: nothing was written; list the inbox again);
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-    4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+    4 MiB; metadata `limit`, `size` and a BadRequest field violation naming
+    `records` or `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a
+    record over 256 KiB);
     SESSION_NOT_FOUND; the common ones.
     """
     ReadLog: _grpc.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]
@@ -176,8 +179,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -261,7 +265,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
     `inbox_ids`: nothing was written; list the inbox again);
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-    4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+    4 MiB; metadata `limit`, `size` and a BadRequest field violation naming
+    `records` or `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a
+    record over 256 KiB);
     SESSION_NOT_FOUND; the common ones.
     """
     ReadLog: _aio.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]  # type: ignore[assignment]
@@ -310,8 +316,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -447,7 +454,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
         `inbox_ids`: nothing was written; list the inbox again);
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-        4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        4 MiB; metadata `limit`, `size` and a BadRequest field violation naming
+        `records` or `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a
+        record over 256 KiB);
         SESSION_NOT_FOUND; the common ones.
         """
 
