@@ -208,10 +208,10 @@ class RawCaller:
 class Fuzzer:
     """One server, one raw caller, the oracle, and the tally."""
 
-    def __init__(self, server: ServerThread) -> None:
+    def __init__(self, server: ServerThread, tally: Tally | None = None) -> None:
         self.server = server
         self.caller = RawCaller(server.server.target)
-        self.tally = Tally()
+        self.tally = tally if tally is not None else Tally()
         self._before: list[Item] | None = None
 
     def check(self, rpc: Rpc, data: bytes) -> Outcome:

@@ -98,23 +98,22 @@ def _rpc(service: str, m: MethodDescriptor) -> Rpc:
 
 # -- values ---------------------------------------------------------------------
 def _strings(name: str, pools: Mapping[str, Sequence[str]]) -> st.SearchStrategy[str]:
-    options: list[st.SearchStrategy[str]] = [
-        st.sampled_from(STRINGS),
-        st.text(max_size=12),
-        st.just(BAD_UTF8_MARK),
-        st.just(HUGE_STRING),
+    hostile: list[st.SearchStrategy[str]] = [
+        st.sampled_from(STRINGS), st.sampled_from(STRINGS), st.text(max_size=12), st.text(max_size=12),
+        st.just(BAD_UTF8_MARK), st.just(HUGE_STRING),
     ]
     pool = pools.get(name)
-    if pool:
-        options.insert(0, st.sampled_from(list(pool)))
-        options.insert(0, st.sampled_from(list(pool)))  # weight the names that exist
-    return st.one_of(*options)
+    if not pool:
+        return st.one_of(*hostile)
+    # about half the time a name that exists, so the call gets past the first check
+    return st.one_of(st.sampled_from(list(pool)), st.one_of(*hostile))
 
 
 def _bytes() -> st.SearchStrategy[bytes]:
     schedule = st.tuples(st.sampled_from(_SCHEDULE_RECORDS), st.integers(1, 4)).map(lambda t: t[0] % t[1])
     return st.one_of(
-        st.sampled_from(BYTES), schedule, st.binary(max_size=24), st.just(b"z" * MIB),
+        st.sampled_from(BYTES), schedule, schedule, st.binary(max_size=24), st.binary(max_size=24),
+        st.just(b"z" * MIB),
     )
 
 
@@ -135,7 +134,34 @@ def _ints(field: FieldDescriptor, pools: Mapping[str, Sequence[int]]) -> st.Sear
     return st.one_of(*options).filter(lambda v: lo <= v <= hi)
 
 
-def _scalar(field: FieldDescriptor, pools: Mapping[str, Sequence[object]]) -> st.SearchStrategy[object]:
+def _plausible(field: FieldDescriptor, pools: Mapping[str, Sequence[object]]) -> st.SearchStrategy[object]:
+    """A value a well-behaved caller might send: a name that exists when there is one."""
+    if field.name == "page_token":
+        return st.just("")
+    if field.name == "request_id":  # mostly fresh; sometimes one already used
+        return st.one_of(st.uuids().map(str), st.uuids().map(str), st.sampled_from(list(pools.get(field.name, ["r"]))))
+    pool = pools.get(field.name)
+    if pool:
+        return st.sampled_from(list(pool))
+    t = field.type
+    if t == FieldDescriptor.TYPE_STRING:
+        return st.text(alphabet="abcdefghij", min_size=1, max_size=8)
+    if t == FieldDescriptor.TYPE_BYTES:
+        return st.one_of(st.just(b"{}"), st.binary(max_size=16))
+    if t == FieldDescriptor.TYPE_BOOL:
+        return st.booleans()
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return st.floats(0, 1)
+    if t == FieldDescriptor.TYPE_ENUM:
+        return st.sampled_from([v.number for v in field.enum_type.values])
+    return st.integers(0, 5)
+
+
+def _scalar(
+    field: FieldDescriptor, pools: Mapping[str, Sequence[object]], hostile: bool = True
+) -> st.SearchStrategy[object]:
+    if not hostile:
+        return _plausible(field, pools)
     t = field.type
     if t == FieldDescriptor.TYPE_STRING:
         return _strings(field.name, pools)  # type: ignore[arg-type]
@@ -153,48 +179,56 @@ def _scalar(field: FieldDescriptor, pools: Mapping[str, Sequence[object]]) -> st
 
 
 @st.composite
-def _message(draw: st.DrawFn, desc: Descriptor, pools: Mapping[str, Sequence[object]], depth: int = 0) -> object:
+def _message(
+    draw: st.DrawFn, desc: Descriptor, pools: Mapping[str, Sequence[object]], depth: int = 0, hostile: bool = True
+) -> object:
+    """A message of `desc`: edge values everywhere (`hostile`), or values a
+    well-behaved caller might send (so calls reach past validation)."""
     msg = message_factory.GetMessageClass(desc)()
     if desc.full_name in _WELL_KNOWN:
-        msg.seconds = draw(st.sampled_from(SECONDS) | st.integers(-5, 10**6))
-        msg.nanos = draw(st.sampled_from(NANOS))
+        if hostile:
+            msg.seconds = draw(st.sampled_from(SECONDS) | st.integers(-5, 10**6))
+            msg.nanos = draw(st.sampled_from(NANOS))
+        else:
+            recent = st.integers(1_600_000_000, 1_900_000_000)  # 2020 .. 2030
+            msg.seconds = draw(st.integers(0, 60) if desc.name == "Duration" else recent)
         return msg
     for field in desc.fields:
-        if depth >= _MAX_DEPTH or not draw(st.booleans()):
+        named = not hostile and field.name in pools  # a plausible call names what exists
+        if depth >= _MAX_DEPTH or (not named and draw(st.integers(0, 3)) == 0):  # set 3 times in 4
             continue
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
         if field.is_repeated:
-            count = draw(st.sampled_from([0, 1, 2, 3, 3, 65, 101, 1001]))
+            count = draw(st.sampled_from([0, 1, 1, 2, 3, 65, 101, 1001] if hostile else [0, 1, 2]))
             if field.message_type is not None and count > 3:
                 count = min(count, 101)  # enough to cross every per-message cap, small enough to build
             if is_map:
                 entry = field.message_type.fields_by_name
                 key_f, value_f = entry["key"], entry["value"]
                 for _ in range(count):
-                    key = draw(_scalar(key_f, pools))
+                    key = draw(_scalar(key_f, pools, hostile))
                     if value_f.message_type is not None:
-                        getattr(msg, field.name)[key].CopyFrom(draw(_message(value_f.message_type, pools, depth + 1)))
+                        value = draw(_message(value_f.message_type, pools, depth + 1, hostile))
+                        getattr(msg, field.name)[key].CopyFrom(value)
                     else:
-                        getattr(msg, field.name)[key] = draw(_scalar(value_f, pools))
+                        getattr(msg, field.name)[key] = draw(_scalar(value_f, pools, hostile))
                 continue
             target = getattr(msg, field.name)
-            if field.message_type is not None:
-                first = draw(_message(field.message_type, pools, depth + 1))
-                count = _bounded(count, first.ByteSize())  # type: ignore[attr-defined]
-                target.extend([first] * count if count > 3 else
-                              [first] + [draw(_message(field.message_type, pools, depth + 1)) for _ in range(count - 1)])
-            else:
-                first = draw(_scalar(field, pools))
-                count = _bounded(count, len(first) if isinstance(first, (str, bytes)) else 8)
-                target.extend([first] * count if count > 3 else
-                              [first] + [draw(_scalar(field, pools)) for _ in range(count - 1)])
+            # Past 3 items the first repeats (huge fields are about the count, not the variety).
+            item = _message(field.message_type, pools, depth + 1, hostile) if field.message_type is not None \
+                else _scalar(field, pools, hostile)
+            first = draw(item)
+            size = first.ByteSize() if field.message_type is not None else (  # type: ignore[attr-defined]
+                len(first) if isinstance(first, (str, bytes)) else 8)
+            count = _bounded(count, size)
+            target.extend([first] * count if count > 3 else [first] + [draw(item) for _ in range(count - 1)])
             if count == 0:
                 del target[:]
             continue
         if field.message_type is not None:
-            getattr(msg, field.name).CopyFrom(draw(_message(field.message_type, pools, depth + 1)))
+            getattr(msg, field.name).CopyFrom(draw(_message(field.message_type, pools, depth + 1, hostile)))
         else:
-            setattr(msg, field.name, draw(_scalar(field, pools)))
+            setattr(msg, field.name, draw(_scalar(field, pools, hostile)))
     return msg
 
 
@@ -230,9 +264,10 @@ def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
 
 
 def request_bytes(rpc: Rpc, pools: Mapping[str, Sequence[object]]) -> st.SearchStrategy[tuple[bytes, str]]:
-    """(request bytes, how they were made: "message" or "mutated")."""
+    """(request bytes, how they were made: "plausible", "hostile" or "mutated")."""
     base = _message(rpc.input, pools).map(serialize)
-    return st.one_of(
-        base.map(lambda b: (b, "message")),
-        base.flatmap(lambda b: _mutated(b)).map(lambda b: (b, "mutated")),
-    )
+    plausible = _message(rpc.input, pools, hostile=False).map(lambda m: (serialize(m), "plausible"))
+    hostile = base.map(lambda b: (b, "hostile"))
+    mutated = st.one_of(base, plausible.map(lambda t: t[0])).flatmap(lambda b: _mutated(b)).map(
+        lambda b: (b, "mutated"))
+    return st.one_of(plausible, hostile, hostile, mutated)
