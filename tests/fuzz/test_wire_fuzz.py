@@ -24,7 +24,9 @@ from .messages import WAITING, Rpc, all_rpcs, request_bytes
 LONG = os.environ.get("FENCEPOST_RELIABILITY", "short") == "long"
 #: calls per backend: (short, long); the long profile's total is over 100,000
 CALLS = {"memory": (400, 80_000), "sqlite": (300, 20_000), "dynamodb": (100, 2_000)}
-ROUND_CALLS = 5_000
+ROUND_CALLS = 2_000
+#: when set, the running tally is written here after every round (long runs)
+TABLE_FILE = os.environ.get("FENCEPOST_FUZZ_TABLE")
 RPCS = all_rpcs()
 
 
@@ -120,6 +122,8 @@ def test_hostile_requests_are_answered_exactly(backend: str, tmp_path: Path) -> 
         finally:
             fuzzer.close()
             server.close()
+        if TABLE_FILE:
+            Path(f"{TABLE_FILE}.{backend}").write_text(f"after round {n + 1} of {rounds}\n{tally.table()}\n")
         problems = tally.problems
         assert not problems, f"{len(problems)} answers broke the oracle:\n" + "\n".join(problems[:30])
     assert set(tally.answers) == {r.path for r in RPCS}, "some RPC was never called"
