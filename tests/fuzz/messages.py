@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
@@ -28,6 +29,8 @@ from fencepost.v1 import (
     schedule_pb2,
     store_api_pb2,
 )
+
+T = TypeVar("T")
 
 SERVICE_MODULES = (kv_pb2, ledger_pb2, journal_pb2, store_api_pb2, memory_pb2, schedule_pb2, evals_pb2)
 
@@ -98,23 +101,27 @@ def _rpc(service: str, m: MethodDescriptor) -> Rpc:
 
 # -- values ---------------------------------------------------------------------
 def _strings(name: str, pools: Mapping[str, Sequence[str]]) -> st.SearchStrategy[str]:
-    hostile: list[st.SearchStrategy[str]] = [
+    hostile = _rare(st.just(HUGE_STRING), st.one_of(
         st.sampled_from(STRINGS), st.sampled_from(STRINGS), st.text(max_size=12), st.text(max_size=12),
-        st.just(BAD_UTF8_MARK), st.just(HUGE_STRING),
-    ]
+        st.just(BAD_UTF8_MARK),
+    ))
     pool = pools.get(name)
     if not pool:
-        return st.one_of(*hostile)
+        return hostile
     # about half the time a name that exists, so the call gets past the first check
-    return st.one_of(st.sampled_from(list(pool)), st.one_of(*hostile))
+    return st.one_of(st.sampled_from(list(pool)), hostile)
+
+
+def _rare(huge: st.SearchStrategy[T], usual: st.SearchStrategy[T]) -> st.SearchStrategy[T]:
+    """`huge` one time in 40: 1 MiB values are about size, not variety (and cost)."""
+    return st.one_of(huge, *[usual] * 39)
 
 
 def _bytes() -> st.SearchStrategy[bytes]:
     schedule = st.tuples(st.sampled_from(_SCHEDULE_RECORDS), st.integers(1, 4)).map(lambda t: t[0] % t[1])
-    return st.one_of(
+    return _rare(st.just(b"z" * MIB), st.one_of(
         st.sampled_from(BYTES), schedule, schedule, st.binary(max_size=24), st.binary(max_size=24),
-        st.just(b"z" * MIB),
-    )
+    ))
 
 
 def _ints(field: FieldDescriptor, pools: Mapping[str, Sequence[int]]) -> st.SearchStrategy[int]:
@@ -193,7 +200,12 @@ def _message(
             recent = st.integers(1_600_000_000, 1_900_000_000)  # 2020 .. 2030
             msg.seconds = draw(st.integers(0, 60) if desc.name == "Duration" else recent)
         return msg
+    # one member of each oneof (setting every member would leave only the last)
+    chosen = {o.name: draw(st.sampled_from([f.name for f in o.fields])) for o in desc.oneofs if len(o.fields) > 1}
     for field in desc.fields:
+        oneof = field.containing_oneof
+        if oneof is not None and oneof.name in chosen and chosen[oneof.name] != field.name:
+            continue
         named = not hostile and field.name in pools  # a plausible call names what exists
         if depth >= _MAX_DEPTH or (not named and draw(st.integers(0, 3)) == 0):  # set 3 times in 4
             continue

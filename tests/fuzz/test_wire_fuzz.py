@@ -23,7 +23,7 @@ from .messages import WAITING, Rpc, all_rpcs, request_bytes
 
 LONG = os.environ.get("FENCEPOST_RELIABILITY", "short") == "long"
 #: calls per backend: (short, long); the long profile's total is over 100,000
-CALLS = {"memory": (400, 80_000), "sqlite": (300, 20_000), "dynamodb": (100, 2_000)}
+CALLS = {"memory": (400, 50_000), "sqlite": (300, 50_000), "dynamodb": (100, 2_000)}
 ROUND_CALLS = 2_000
 #: when set, the running tally is written here after every round (long runs)
 TABLE_FILE = os.environ.get("FENCEPOST_FUZZ_TABLE")

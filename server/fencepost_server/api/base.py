@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -116,6 +117,28 @@ def duration_seconds(msg: Any, field: str) -> float:
             {"seconds": d.seconds, "nanos": d.nanos}, field=field,
         )
     return float(d.seconds + d.nanos / 1e9)
+
+
+def check_json_struct(struct: Any, field: str) -> None:
+    """Refuse a request Struct holding NaN or +-Infinity: protobuf carries
+    them, JSON (where every Struct here ends up) cannot."""
+    if not _finite(struct):
+        raise InvalidArgument(
+            reasons.FIELD_INVALID, f"{field} holds NaN or Infinity, which JSON cannot carry", field=field
+        )
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, struct_pb2.Struct):
+        return all(_finite(v) for v in value.fields.values())
+    if isinstance(value, struct_pb2.ListValue):
+        return all(_finite(v) for v in value.values)
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return math.isfinite(value.number_value)
+    if kind in ("struct_value", "list_value"):
+        return _finite(getattr(value, kind))
+    return True
 
 
 _MIN_TS_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
