@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 import fencepost
 from fencepost import errors, reasons
-from fencepost.v1 import journal_pb2, kv_pb2, ledger_pb2, schedule_pb2
+from fencepost.v1 import evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
 from fencepost_server.domain.kv import KvStore
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.memory import MemoryStore
@@ -149,6 +149,47 @@ async def test_watch_due_pushes_earliest_target_first(storage: Storage) -> None:
         assert seen == ["rem_2", "rem_3", "rem_1"]
 
 
+def _struct(value: object) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.fields["x"].list_value.values.add().CopyFrom(struct_pb2.Value(**value))  # type: ignore[arg-type]
+    return s
+
+
+async def test_caller_json_that_json_cannot_carry_is_refused_on_every_path(storage: Storage) -> None:
+    """A surrogate (as its UTF-8-like bytes) or NaN / Infinity inside any
+    caller JSON object: evals, memory metadata, journal and store API records."""
+    def requests(s: struct_pb2.Struct) -> list[tuple[str, object, str]]:
+        record = journal_pb2.TurnRecord(at="t", session_id="s", channel_id="c", status=1, extra=s)
+        return [
+            ("/fencepost.v1.EvalService/PutAbSnapshot", evals_pb2.PutAbSnapshotRequest(agent="a", snapshot=s),
+             "snapshot"),
+            ("/fencepost.v1.EvalService/PutEvalRun",
+             evals_pb2.PutEvalRunRequest(agent="a", run_id="r", snapshot=s), "snapshot"),
+            ("/fencepost.v1.MemoryService/Append",
+             memory_pb2.MemoryServiceAppendRequest(agent_id="a", content="c", metadata=s), "metadata"),
+            ("/fencepost.v1.JournalService/AppendTurn", journal_pb2.AppendTurnRequest(agent="a", record=record),
+             "record.extra"),
+            ("/fencepost.v1.StoreApiService/Call", store_api_pb2.CallRequest(
+                v=1, call="memory.append",
+                memory_append=store_api_pb2.MemoryAppendPayload(agent="a", record=record)),
+             "memory_append.record.extra"),
+        ]
+
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for bad in ({"number_value": float("nan")}, {"number_value": float("-inf")}, {"string_value": "QQQQ"}):
+            for method, msg, field in requests(_struct(bad)):
+                data = msg.SerializeToString()  # type: ignore[attr-defined]
+                if "string_value" in bad:
+                    data = swap(data, "QQQQ")  # what a "\ud800" escape becomes when sent as UTF-8 anyway
+                _, refusal = await raw_call(srv, method, data)
+                assert refusal is not None, (method, bad)
+                assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                               reasons.FIELD_INVALID), (method, bad)
+                assert refusal.fields and refusal.fields[0].startswith(field), (method, bad, refusal.fields)
+        assert await snapshot(storage) == before
+
+
 # -- 3: the Txn operation limit ------------------------------------------------------------
 async def test_txn_limit_is_100_operations_everywhere(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=30) as c:
@@ -278,7 +319,7 @@ async def test_negative_ttl_and_list_sessions_caps_are_refused(storage: Storage)
 
 
 # -- 8: memory ties and liveness ---------------------------------------------------------------
-async def test_memory_ties_keep_the_smallest_ids_and_trust_needs_a_live_entry(storage: Storage) -> None:
+async def test_memory_ties_on_created_at_keep_the_smallest_ids(storage: Storage) -> None:
     memory = MemoryStore(storage, Limits(), clock=lambda: 1_000_000)  # every entry at one created_at
     ids = [(await memory.append("t", "agent", f"fact {n}")).id for n in range(10)]
     smallest = sorted(ids)
@@ -286,6 +327,11 @@ async def test_memory_ties_keep_the_smallest_ids_and_trust_needs_a_live_entry(st
     assert [v.entry.id for v in listed.entries] == smallest[:3]  # newest first, ties by id ascending
     injection = await memory.build_injection("t", "agent")
     assert [e.id for e in injection.recent] == smallest[:8]
+
+
+async def test_reassert_trust_touches_only_a_live_entry(storage: Storage) -> None:
+    memory = MemoryStore(storage, Limits())
+    ids = [(await memory.append("t", "agent", f"fact {n}")).id for n in range(2)]
     old = ids[0]
     await memory.append("t", "agent", "fact 0, corrected", NewEntry(supersedes=old))
     assert await memory.reassert_trust("t", "agent", old, "operator") is False  # superseded: not live
