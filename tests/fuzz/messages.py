@@ -12,6 +12,7 @@ truncation). `pools` holds names that exist on the server under test
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -255,24 +256,29 @@ def serialize(msg: object) -> bytes:
     return data.replace(BAD_UTF8_MARK.encode(), BAD_UTF8_BYTES)
 
 
-@st.composite
-def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """`data` with bit flips, a truncation, appended garbage or invalid UTF-8
+    spliced in (cheap: a drawn request is sent again as a few mutants)."""
     if not data:
-        return draw(st.binary(max_size=16))
-    kind = draw(st.sampled_from(["flip", "flip", "truncate", "append", "splice"]))
+        return rng.randbytes(rng.randint(0, 16))
+    kind = rng.choice(["flip", "flip", "truncate", "append", "splice"])
     buf = bytearray(data)
     if kind == "flip":
-        for _ in range(draw(st.integers(1, 4))):
-            i = draw(st.integers(0, len(buf) - 1))
-            buf[i] ^= 1 << draw(st.integers(0, 7))
+        for _ in range(rng.randint(1, 4)):
+            buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
     elif kind == "truncate":
-        del buf[draw(st.integers(0, len(buf) - 1)):]
+        del buf[rng.randrange(len(buf)):]
     elif kind == "append":
-        buf += draw(st.binary(min_size=1, max_size=8))
+        buf += rng.randbytes(rng.randint(1, 8))
     else:
-        i = draw(st.integers(0, len(buf)))
-        buf[i:i] = BAD_UTF8_BYTES[: draw(st.integers(1, 4))]
+        i = rng.randint(0, len(buf))
+        buf[i:i] = BAD_UTF8_BYTES[: rng.randint(1, 4)]
     return bytes(buf)
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
+    return mutate(data, random.Random(draw(st.integers(0, 2**32))))
 
 
 def request_bytes(rpc: Rpc, pools: Mapping[str, Sequence[object]]) -> st.SearchStrategy[tuple[bytes, str]]:

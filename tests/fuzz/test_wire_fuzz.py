@@ -9,6 +9,7 @@ printed at the end of the session (conftest.py).
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,14 @@ from fencepost.v1 import journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_p
 
 from .conftest import TALLIES
 from .harness import Fuzzer, ServerThread, Tally
-from .messages import WAITING, Rpc, all_rpcs, request_bytes
+from .messages import WAITING, Rpc, all_rpcs, mutate, request_bytes
 
 LONG = os.environ.get("FENCEPOST_RELIABILITY", "short") == "long"
 #: calls per backend: (short, long); the long profile's total is over 100,000
 CALLS = {"memory": (400, 50_000), "sqlite": (300, 50_000), "dynamodb": (100, 2_000)}
 ROUND_CALLS = 2_000
+#: byte-level mutants sent after each drawn request (counted in CALLS)
+MUTANTS = 2
 #: when set, the running tally is written here after every round (long runs)
 TABLE_FILE = os.environ.get("FENCEPOST_FUZZ_TABLE")
 RPCS = all_rpcs()
@@ -95,13 +98,16 @@ def _round(fuzzer: Fuzzer, count: int) -> None:
     weighted = _weights()
     strategies = {r.path: request_bytes(r, pools) for r in RPCS}
 
-    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+    @settings(max_examples=count // (1 + MUTANTS), deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck), derandomize=not LONG)
     @given(st.data())
     def one_call(data: st.DataObject) -> None:
         rpc = data.draw(st.sampled_from(weighted), label="rpc")
         body, _how = data.draw(strategies[rpc.path], label="request")
         fuzzer.check(rpc, body)
+        rng = random.Random(data.draw(st.integers(0, 2**32), label="mutants"))
+        for _ in range(MUTANTS):  # the same request, corrupted on the wire
+            fuzzer.check(rpc, mutate(body, rng))
 
     for rpc in RPCS:  # every RPC at least once, with the empty (all-default) request
         fuzzer.check(rpc, b"")
