@@ -10,7 +10,8 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from fencepost.v1 import evals_pb2, evals_pb2_grpc
 
 from ..domain.evals import EvalRun, EvalStore
-from .base import Authenticator, RpcObserver, ServicerBase, caller, check_json_struct, unary
+from .base import Authenticator, RpcObserver, ServicerBase, caller, unary
+from .fields import check_json_struct
 
 
 def _obj(struct: struct_pb2.Struct, field: str) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from fencepost.journal import record_parts
 from fencepost.v1 import journal_pb2, journal_pb2_grpc, store_api_pb2, store_api_pb2_grpc
 
 from ..domain.journal import ArchiveInfo, Journal, check_envelope
-from .base import Authenticator, RpcObserver, ServicerBase, caller, check_json_struct, server_stream, unary
+from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
+from .fields import check_json_struct
 
 
 def _archive(info: ArchiveInfo) -> journal_pb2.Archive:

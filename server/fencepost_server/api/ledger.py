@@ -11,7 +11,8 @@ from fencepost.v1 import ledger_pb2 as pb
 from fencepost.v1 import ledger_pb2_grpc
 
 from ..domain.ledger import InboxEvent, LeaseState, Ledger, SessionView
-from .base import Authenticator, RpcObserver, ServicerBase, caller, duration_seconds, server_stream, unary
+from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
+from .fields import duration_seconds
 
 
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:

@@ -12,16 +12,8 @@ from fencepost.v1 import memory_pb2_grpc
 from ..domain.errors import InvalidArgument
 from ..domain.memory import Entry, EntryView, MemoryStore, NewEntry, Topic
 from ..domain.memory import rules
-from .base import (
-    Authenticator,
-    RpcObserver,
-    ServicerBase,
-    caller,
-    check_json_struct,
-    require_operator,
-    timestamp_micros,
-    unary,
-)
+from .base import Authenticator, RpcObserver, ServicerBase, caller, require_operator, unary
+from .fields import check_json_struct, timestamp_micros
 
 _VALIDITY = {rules.CURRENT: pb.MEMORY_VALIDITY_CURRENT, rules.NOT_YET_VALID: pb.MEMORY_VALIDITY_NOT_YET_VALID,
              rules.EXPIRED: pb.MEMORY_VALIDITY_EXPIRED}
