@@ -56,7 +56,9 @@ class EvalServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel):
@@ -138,7 +140,9 @@ class EvalServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def PutEvalRun(self, request, context):
@@ -310,7 +314,9 @@ class EvalService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @staticmethod

@@ -57,7 +57,9 @@ class EvalServiceStub:
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_typing.overload
@@ -152,7 +154,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -243,7 +247,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_abc_1.abstractmethod

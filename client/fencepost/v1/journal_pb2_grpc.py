@@ -49,7 +49,9 @@ class JournalServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel):
@@ -104,7 +106,9 @@ class JournalServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def AppendTurn(self, request, context):
@@ -209,7 +213,9 @@ class JournalService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @staticmethod

@@ -50,7 +50,9 @@ class JournalServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_typing.overload
@@ -114,7 +116,9 @@ class JournalServiceAsyncStub(JournalServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -174,7 +178,9 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_abc_1.abstractmethod

@@ -48,7 +48,9 @@ class KvServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel):
@@ -132,12 +134,16 @@ class KvServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def Put(self, request, context):
         """Put writes or overwrites a key and returns its new version.
-        Errors: the common ones. Idempotent when retried with the same request_id.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+        request_id was used for a different request). Idempotent when retried
+        with the same request_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,7 +159,7 @@ class KvServiceServicer:
 
     def Delete(self, request, context):
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-        Errors: the common ones.
+        Errors: the common ones; REQUEST_ID_REUSED as Put.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -225,8 +231,8 @@ class KvServiceServicer:
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
         operations or the 4 MiB transaction byte limit; metadata `limit`,
         `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-        branch); INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for
-        a different request).
+        branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+        keys kept changing under concurrent writers: retry the whole transaction).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -316,7 +322,9 @@ class KvService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @staticmethod

@@ -49,7 +49,9 @@ class KvServiceStub:
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_typing.overload
@@ -58,7 +60,9 @@ class KvServiceStub:
     def __new__(cls, channel: _aio.Channel) -> KvServiceAsyncStub: ...
     Put: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]
     """Put writes or overwrites a key and returns its new version.
-    Errors: the common ones. Idempotent when retried with the same request_id.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+    request_id was used for a different request). Idempotent when retried
+    with the same request_id.
     """
     Get: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]
     """Get reads a key. A miss is `found = false`, never an error.
@@ -66,7 +70,7 @@ class KvServiceStub:
     """
     Delete: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-    Errors: the common ones.
+    Errors: the common ones; REQUEST_ID_REUSED as Put.
     """
     List: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]
     """List returns the entries under a prefix in key order, one page at a time
@@ -110,8 +114,8 @@ class KvServiceStub:
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
     operations or the 4 MiB transaction byte limit; metadata `limit`,
     `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-    branch); INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for
-    a different request).
+    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+    keys kept changing under concurrent writers: retry the whole transaction).
     """
 
 @_typing.type_check_only
@@ -138,13 +142,17 @@ class KvServiceAsyncStub(KvServiceStub):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Put: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]  # type: ignore[assignment]
     """Put writes or overwrites a key and returns its new version.
-    Errors: the common ones. Idempotent when retried with the same request_id.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+    request_id was used for a different request). Idempotent when retried
+    with the same request_id.
     """
     Get: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]  # type: ignore[assignment]
     """Get reads a key. A miss is `found = false`, never an error.
@@ -152,7 +160,7 @@ class KvServiceAsyncStub(KvServiceStub):
     """
     Delete: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]  # type: ignore[assignment]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-    Errors: the common ones.
+    Errors: the common ones; REQUEST_ID_REUSED as Put.
     """
     List: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]  # type: ignore[assignment]
     """List returns the entries under a prefix in key order, one page at a time
@@ -196,8 +204,8 @@ class KvServiceAsyncStub(KvServiceStub):
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
     operations or the 4 MiB transaction byte limit; metadata `limit`,
     `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-    branch); INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for
-    a different request).
+    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+    keys kept changing under concurrent writers: retry the whole transaction).
     """
 
 class KvServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -223,7 +231,9 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_abc_1.abstractmethod
@@ -233,7 +243,9 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kv_pb2.PutResponse, _abc.Awaitable[_kv_pb2.PutResponse]]:
         """Put writes or overwrites a key and returns its new version.
-        Errors: the common ones. Idempotent when retried with the same request_id.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+        request_id was used for a different request). Idempotent when retried
+        with the same request_id.
         """
 
     @_abc_1.abstractmethod
@@ -253,7 +265,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kv_pb2.DeleteResponse, _abc.Awaitable[_kv_pb2.DeleteResponse]]:
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-        Errors: the common ones.
+        Errors: the common ones; REQUEST_ID_REUSED as Put.
         """
 
     @_abc_1.abstractmethod
@@ -339,8 +351,8 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
         operations or the 4 MiB transaction byte limit; metadata `limit`,
         `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-        branch); INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for
-        a different request).
+        branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+        keys kept changing under concurrent writers: retry the whole transaction).
         """
 
 def add_KvServiceServicer_to_server(servicer: KvServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

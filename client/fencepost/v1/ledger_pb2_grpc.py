@@ -45,7 +45,9 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -154,7 +156,9 @@ class LedgerServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -223,7 +227,8 @@ class LedgerServiceServicer:
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -247,7 +252,8 @@ class LedgerServiceServicer:
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -289,7 +295,8 @@ class LedgerServiceServicer:
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -426,7 +433,9 @@ class LedgerService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,

@@ -46,7 +46,9 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -99,7 +101,8 @@ class LedgerServiceStub:
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
     """RenewLease extends the lease while `generation` is still current, even
@@ -115,7 +118,8 @@ class LedgerServiceStub:
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -145,7 +149,8 @@ class LedgerServiceStub:
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     """
     ListInbox: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]
@@ -187,7 +192,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -237,7 +244,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """RenewLease extends the lease while `generation` is still current, even
@@ -253,7 +261,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     """
     Commit: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]  # type: ignore[assignment]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -283,7 +292,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     """
     ListInbox: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]  # type: ignore[assignment]
@@ -324,7 +334,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -408,7 +420,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         """
 
     @_abc_1.abstractmethod
@@ -436,7 +449,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         """
 
     @_abc_1.abstractmethod
@@ -484,7 +498,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         """
 

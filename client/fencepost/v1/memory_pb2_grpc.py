@@ -53,7 +53,9 @@ class MemoryServiceStub:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel):
@@ -152,7 +154,9 @@ class MemoryServiceServicer:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def Append(self, request, context):
@@ -381,7 +385,9 @@ class MemoryService:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @staticmethod

@@ -52,7 +52,9 @@ class ScheduleServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel):
@@ -120,7 +122,9 @@ class ScheduleServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def CreateReminder(self, request, context):
@@ -273,7 +277,9 @@ class ScheduleService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @staticmethod

@@ -53,7 +53,9 @@ class ScheduleServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_typing.overload
@@ -147,7 +149,9 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -237,7 +241,9 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     """
 
     @_abc_1.abstractmethod

@@ -106,7 +106,7 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     elif isinstance(exc, InvalidTransaction):
         code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
     else:
-        code, reason, message, metadata, field = Code.INTERNAL, "INTERNAL", "internal error", {}, None
+        code, reason, message, metadata, field = Code.INTERNAL, reasons.INTERNAL, "internal error", {}, None
     message = _clip(message, _MESSAGE_CHARS)
     metadata = {k: _clip(v, _METADATA_CHARS) for k, v in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=reason, domain=reasons.DOMAIN, metadata=metadata)
