@@ -190,6 +190,27 @@ async def test_caller_json_that_json_cannot_carry_is_refused_on_every_path(stora
         assert await snapshot(storage) == before
 
 
+async def test_session_names_and_metadata_are_bounded_on_every_backend(storage: Storage) -> None:
+    """Found by the fuzz suite on the DynamoDB emulator: a 1 MiB session_key (or
+    a long agent, part of every session id) made keys or items DynamoDB cannot
+    hold, answered INTERNAL there and accepted elsewhere."""
+    async with running(storage) as srv:
+        ok, _ = await raw_call(srv, "/fencepost.v1.LedgerService/OpenSession", ledger_pb2.OpenSessionRequest(
+            agent="é" * 128, session_key="k" * 1024, metadata={"m": "v" * 200_000}).SerializeToString())
+        assert ok is not None  # at the limits
+        before = await snapshot(storage)
+        for msg, field, limit in (
+            (ledger_pb2.OpenSessionRequest(agent="a" * 257, session_key="s"), "agent", 256),
+            (ledger_pb2.OpenSessionRequest(agent="a", session_key="s" * (1 << 20)), "session_key", 1024),
+            (ledger_pb2.OpenSessionRequest(agent="a", session_key="s", metadata={"m": "v" * 300_000}),
+             "metadata", 256 * 1024),
+        ):
+            _, refusal = await raw_call(srv, "/fencepost.v1.LedgerService/OpenSession", msg.SerializeToString())
+            assert refusal is not None and (refusal.info.reason, refusal.fields) == (reasons.FIELD_INVALID, [field])
+            assert refusal.info.metadata["limit"] == str(limit)
+        assert await snapshot(storage) == before
+
+
 # -- 3: the Txn operation limit ------------------------------------------------------------
 async def test_txn_limit_is_100_operations_everywhere(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=30) as c:

@@ -172,6 +172,10 @@ class LedgerServiceServicer:
     def OpenSession(self, request, context):
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
+        `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+        key of the agent), `session_key` at most 1024, and the session's record
+        (names plus `metadata`) at most 256 KiB: over any of them is
+        INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -66,6 +66,10 @@ class LedgerServiceStub:
     OpenSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.OpenSessionRequest, _ledger_pb2.OpenSessionResponse]
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
+    `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+    key of the agent), `session_key` at most 1024, and the session's record
+    (names plus `metadata`) at most 256 KiB: over any of them is
+    INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
     """
     ResolveSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]
@@ -209,6 +213,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     OpenSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.OpenSessionRequest, _ledger_pb2.OpenSessionResponse]  # type: ignore[assignment]
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
+    `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+    key of the agent), `session_key` at most 1024, and the session's record
+    (names plus `metadata`) at most 256 KiB: over any of them is
+    INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
     """
     ResolveSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]  # type: ignore[assignment]
@@ -355,6 +363,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.OpenSessionResponse, _abc.Awaitable[_ledger_pb2.OpenSessionResponse]]:
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
+        `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+        key of the agent), `session_key` at most 1024, and the session's record
+        (names plus `metadata`) at most 256 KiB: over any of them is
+        INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
         """
 

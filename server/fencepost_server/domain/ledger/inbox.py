@@ -26,7 +26,7 @@ from .layout import (
     session_not_found,
 )
 from .leases import LeaseMethods
-from .sessions import SessionMethods, check_name
+from .sessions import SessionMethods, check_agent
 
 _ATTEMPTS = 4
 
@@ -73,7 +73,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
         if session_id:
             sid = session_id
         else:
-            check_name(agent, "agent")
+            check_agent(agent)
             sid, _ = await self.open_id(tenant, agent, session_key)
         sk = self.keys(tenant, sid)
         inbox_id, duplicate = await self._park(sk, payload, dedupe_key)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fencepost import reasons
 
 from ...storage import Expect, Item, Put, Write
-from ..errors import Code, DomainError, NotFound
+from ..errors import Code, DomainError, NotFound, limit_error
 from ..paging import decode_token, encode_token, page_size
 from .core import LedgerBase, SessionView, bad
 from .layout import (
@@ -44,11 +44,23 @@ class SessionSummary:
     total_bytes: int
 
 
+#: an agent name is part of every session id of the agent (and so of every key
+#: of its sessions): bounded so those keys fit every backend's key limits
+MAX_AGENT_BYTES = 256
+
+
 def check_name(value: str, field_name: str) -> None:
     if not value:
         raise bad(field_name, f"{field_name} must not be empty")
     if "\x00" in value:
         raise bad(field_name, f"{field_name} must not contain NUL")
+
+
+def check_agent(agent: str) -> None:
+    check_name(agent, "agent")
+    size = len(agent.encode("utf-8", "surrogatepass"))
+    if size > MAX_AGENT_BYTES:
+        raise limit_error(reasons.FIELD_INVALID, "agent", MAX_AGENT_BYTES, size, field="agent")
 
 
 class SessionMethods(LedgerBase):
@@ -62,6 +74,17 @@ class SessionMethods(LedgerBase):
             Put(sk.head, seq_value(seq)),
             Put(sk.act, dumps({"t": now, "s": seq})),
         ]
+
+    def _check_meta_size(self, meta: Meta) -> None:
+        """The session's record (its key, agent and metadata) must fit a value."""
+        key_size = len(meta.key.encode())
+        if key_size > self.limits.max_key_bytes:
+            raise limit_error(reasons.FIELD_INVALID, "session_key", self.limits.max_key_bytes, key_size,
+                              field="session_key")
+        size = len(meta.encode())
+        if size > self.limits.max_value_bytes:
+            raise limit_error(reasons.FIELD_INVALID, "the session's metadata", self.limits.max_value_bytes, size,
+                              field="metadata")
 
     async def _sid_for(self, tenant: str, agent: str, session_key: str) -> str | None:
         idkey = identity_key(tenant, agent, session_key)
@@ -87,7 +110,7 @@ class SessionMethods(LedgerBase):
         self, tenant: str, agent: str, session_key: str, metadata: dict[str, str] | None = None
     ) -> tuple[str, SessionView | None]:
         """The session id; with the new session's view when this call created it."""
-        check_name(agent, "agent")
+        check_agent(agent)
         check_name(session_key, "session_key")
         sid = await self._sid_for(tenant, agent, session_key)
         if sid is not None:
@@ -96,6 +119,7 @@ class SessionMethods(LedgerBase):
         sid = new_session_id(agent)
         sk = SessionKeys(tenant, sid, agent)
         meta = Meta(sid, agent, session_key, self.clock(), "", 0, dict(metadata or {}))
+        self._check_meta_size(meta)
         res = await self.storage.transact((), self._create_writes(sk, meta, idkey, 0))
         if not res.applied:
             other = await self._sid_for(tenant, agent, session_key)
@@ -113,7 +137,7 @@ class SessionMethods(LedgerBase):
         )
 
     async def resolve(self, tenant: str, agent: str, session_key: str) -> SessionView:
-        check_name(agent, "agent")
+        check_agent(agent)
         check_name(session_key, "session_key")
         sid = await self._sid_for(tenant, agent, session_key)
         if sid is None:
@@ -166,7 +190,7 @@ class SessionMethods(LedgerBase):
     ) -> tuple[list[SessionSummary], str]:
         """Newest activity first, until max_sessions, max_age or max_total_bytes
         binds (across pages). Scans the agent's activity items (one prefix)."""
-        check_name(agent, "agent")
+        check_agent(agent)
         limit = page_size(self.limits, size)
         for name, cap in (("max_sessions", max_sessions), ("max_age", max_age), ("max_total_bytes", max_total_bytes)):
             if cap < 0:
