@@ -84,6 +84,7 @@ def _seed(fuzz: Fuzzer) -> dict[str, list[object]]:
         "at": ["2026-01-01T00:00:00Z", "10000-01-01T00:00:00Z"], "channel_id": ["c"], "v": [1],
         "expected_seq": [0, 1, 2], "from_seq": [0, 1], "at_seq": [0, 1], "after_seconds": [1, 2**53 - 1],
         "try_lease": ["h0"], "query": ["remember"], "content": ["remember that"],
+        "call": ["memory.append", "memory.read"],
     }
 
 
