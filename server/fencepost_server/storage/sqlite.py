@@ -8,7 +8,9 @@ while the writer writes.
 
 Version tokens come from a counter stored in the same file and advanced inside
 the write transaction, so they are unique across restarts and across several
-processes sharing the file (BEGIN IMMEDIATE serialises writers).
+processes sharing the file (BEGIN IMMEDIATE serialises writers). An import
+raises the counter past every counter-shaped version it brings in, in the
+same transaction, so no imported version is ever minted again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import queue
 import sqlite3
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from .base import (
     Storage,
     TxnResult,
     Write,
+    highest_per_family,
     prefix_end,
     validate_transaction,
 )
@@ -51,6 +54,8 @@ INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
 
 _MAX_BATCH = 512
+#: the counter family of this backend's versions (base.version_family)
+_COUNTER_FAMILY = "16"
 _STOP = object()
 
 
@@ -117,6 +122,10 @@ class _Worker:
     def _version(self) -> str:
         self._next_version += 1
         return f"{self._next_version:016x}"
+
+    def reserve(self, counter: int) -> None:
+        """Mint past `counter` from now on (called by an op inside a batch)."""
+        self._next_version = max(self._next_version, counter)
 
     def _run(self) -> None:
         while True:
@@ -339,6 +348,58 @@ class SqliteStorage(Storage):
             return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
 
         return await self._write_op(op)
+
+    # -- operator tools ----------------------------------------------------
+    async def import_items(self, items: Sequence[Item]) -> None:
+        rows = [(item.key.encode(), item.value, item.version) for item in items]
+        highest = highest_per_family(item.version for item in items).get(_COUNTER_FAMILY)
+
+        def op(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
+            conn.executemany(
+                "INSERT INTO kv (key, value, version) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                rows,
+            )
+            if highest is not None:
+                self._writer.reserve(highest[0])
+
+        await self._write_op(op)
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        # Only this backend's own family can ever be minted here; others are
+        # never equal to a minted token (another width or an epoch prefix).
+        highest = highest_per_family(tokens).get(_COUNTER_FAMILY)
+        if highest is not None:
+            await self._write_op(lambda _conn, _version: self._writer.reserve(highest[0]))
+
+    async def version_watermarks(self) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            (n,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
+            return [f"{n:016x}"] if n else []
+
+        return await self._read(read)
+
+    async def snapshot(self, path: str | Path) -> None:
+        """An online, point-in-time copy of the whole file at `path`: sqlite3's
+        backup API in one step, i.e. inside one read transaction, so under WAL
+        writers carry on while it copies and the copy holds exactly the
+        transactions committed before it began."""
+        if self._closed:
+            raise BackendUnavailable("sqlite backend is closed")
+
+        def copy() -> None:
+            source = _connect(self.path, "NORMAL")
+            target = sqlite3.connect(str(path))
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+                source.close()
+
+        try:
+            await asyncio.to_thread(copy)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"sqlite snapshot of {self.path} failed: {exc}") from exc
 
     async def close(self) -> None:
         if self._closed:
