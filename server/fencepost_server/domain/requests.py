@@ -57,14 +57,17 @@ class _RandomHex(threading.local):
 _random_hex = _RandomHex()
 
 
-def _outcome_json(versions: Sequence[str | None], failed: Sequence[int]) -> bytes:
-    """`json.dumps({"v": versions, "f": failed})`, byte for byte, without the
-    encoder's per-call set-up for the common case (versions of letters and
-    digits, ASCII); anything else goes through json."""
-    if all(v is None or (v.isascii() and v.isalnum()) for v in versions):
+def _outcome_json(versions: Sequence[str | None], failed: Sequence[int], note: str = "") -> bytes:
+    """`json.dumps({"v": versions, "f": failed[, "n": note]})`, byte for byte,
+    without the encoder's per-call set-up for the common case (no note,
+    versions of letters and digits, ASCII); anything else goes through json."""
+    if not note and all(v is None or (v.isascii() and v.isalnum()) for v in versions):
         v = ", ".join("null" if v is None else f'"{v}"' for v in versions)
         return f'{{"v": [{v}], "f": [{", ".join(str(int(i)) for i in failed)}]}}'.encode()
-    return json.dumps({"v": list(versions), "f": list(failed)}).encode()
+    outcome: dict[str, object] = {"v": list(versions), "f": list(failed)}
+    if note:
+        outcome["n"] = note
+    return json.dumps(outcome).encode()
 
 
 class RequestLog:
@@ -89,6 +92,7 @@ class RequestLog:
         checks: Sequence[Check],
         writes: Sequence[Write],
         failed: Sequence[int] = (),
+        note: str = "",
         *,
         item: str | None = None,
     ) -> TxnResult:
@@ -96,7 +100,8 @@ class RequestLog:
         request returns the first outcome (`replayed = True`, the versions the
         first attempt wrote, and the `failed` it was applied with — a Txn's
         failure branch records its failed compares); otherwise the
-        transaction's result (marker excluded).
+        transaction's result (marker excluded). `note` is recorded with the
+        marker and handed back on a replay (e.g. the id the first attempt minted).
 
         `item`: the key every attempt of this request writes (a single-key
         write); the backend may then keep the marker with that item instead
@@ -113,13 +118,13 @@ class RequestLog:
                   for w in writes]
         versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS
-        value = fingerprint + _SEP + _outcome_json(versions, failed)
+        value = fingerprint + _SEP + _outcome_json(versions, failed, note)
         marker = Marker(*self._markers(bucket, tenant, request_id), value, item)
         result = await self.storage.transact_marked(checks, writes, marker)
         if result.applied:
             return TxnResult(True, result.versions)
         if result.marker is None:
-            return TxnResult(False, failed=result.failed)
+            return TxnResult(False, failed=result.failed, found=result.found)
         # rpartition: the JSON never holds a raw newline, a binary fingerprint may
         first_fp, _, first = result.marker.rpartition(_SEP)
         if first_fp != fingerprint:
@@ -129,7 +134,7 @@ class RequestLog:
                 {"request_id": request_id}, field="request_id",
             )
         outcome = json.loads(first)
-        return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True)
+        return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True, note=outcome.get("n", ""))
 
     async def sweep(self, batch: int = 500) -> int:
         """Delete markers older than the dedupe window; returns how many."""

@@ -163,6 +163,11 @@ class TxnResult:
     count: int | None = None
     #: set by the request-id log: this result is the first outcome of a retried request
     replayed: bool = False
+    #: set by the request-id log on a replay: the note the first attempt recorded
+    note: str = ""
+    #: for each failed index whose condition named a key, the item that failed
+    #: it (None: absent), read in the same atomic step as the decision
+    found: dict[int, Item | None] | None = None
     #: `transact_marked` only: the stored marker's value when the request was applied before
     marker: bytes | None = None
 
@@ -299,7 +304,8 @@ class Storage(abc.ABC):
         marker_indexes = (n, n + 1 + len(writes))
         failed = tuple(i if i < n else i - 1 for i in result.failed if i not in marker_indexes)
         if all(i not in result.failed for i in marker_indexes):
-            return TxnResult(False, failed=failed)
+            found = {i if i < n else i - 1: item for i, item in (result.found or {}).items() if i not in marker_indexes}
+            return TxnResult(False, failed=failed, found=found)
         for key in (marker.key, marker.previous):
             found = await self.get(key)
             if found is not None:

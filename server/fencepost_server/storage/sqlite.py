@@ -329,7 +329,7 @@ def _apply(
         if expect is not None and not expect.holds(current.get(key))
     )
     if failed or dry:
-        return TxnResult(False, failed=failed)
+        return TxnResult(False, failed=failed, found={i: current.get(conditions[i][0]) for i in failed})
     versions: list[str | None] = []
     rows: list[tuple[Any, ...]] = []
     erased: list[tuple[bytes]] = []
