@@ -51,6 +51,7 @@ from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
+from .domain.paging import PageTokens
 from .domain.requests import RequestLog
 from .domain.schedule import Schedule
 from .observability import Metrics
@@ -72,6 +73,8 @@ class AppContext:
     requests: RequestLog
     #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
     events: Callable[..., None]
+    #: page tokens under the deployment's key (shared by every replica of the backend)
+    pages: PageTokens
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: called when shutdown begins, before in-flight RPCs are drained (end long-polls)
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -102,21 +105,22 @@ ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]
 
 
 def _kv(ctx: AppContext, server: HandlerRegistry) -> str:
-    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests)
+    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests, ctx.pages)
     kv_pb2_grpc.add_KvServiceServicer_to_server(KvServicer(kv, ctx.auth, ctx.observer), server)
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
 def _evals(ctx: AppContext, server: HandlerRegistry) -> str:
     evals = EvalStore(
-        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window
+        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window,
+        pages=ctx.pages,
     )
     evals_pb2_grpc.add_EvalServiceServicer_to_server(EvalServicer(evals, ctx.auth, ctx.observer), server)
     return evals_pb2.DESCRIPTOR.services_by_name["EvalService"].full_name
 
 
 def _memory(ctx: AppContext, server: HandlerRegistry) -> str:
-    memory = MemoryStore(ctx.storage, ctx.settings.limits)
+    memory = MemoryStore(ctx.storage, ctx.settings.limits, pages=ctx.pages)
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -126,7 +130,9 @@ def _ledger_of(ctx: AppContext) -> Ledger:
     AppContext, with one janitor)."""
     ledger: Ledger | None = ctx.shared.get("ledger")
     if ledger is None:
-        ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events)
+        ledger = Ledger(
+            ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events, pages=ctx.pages
+        )
         ctx.shared["ledger"] = ledger
         ctx.on_drain.append(ledger.janitor.drain)
         if ctx.settings.ledger_janitor:
@@ -150,7 +156,7 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, s.limits, config)
+        journal = Journal(ctx.storage, s.limits, config, pages=ctx.pages)
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal
@@ -226,7 +232,8 @@ class App:
         server = grpc.aio.server(options=opts)
         registry = HandlerRegistry(server)
         ctx = AppContext(
-            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
+            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event,
+            PageTokens.of_deployment(self.storage),
         )
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain

@@ -10,7 +10,7 @@ from fencepost import reasons
 
 from ...storage import Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound
-from ..paging import decode_token, encode_token, page_size
+from ..paging import page_size
 from .core import LedgerBase, SessionView, bad
 from .layout import (
     NO_LEASE,
@@ -171,8 +171,8 @@ class SessionMethods(LedgerBase):
         max_sessions = max_sessions if max_sessions > 0 else DEFAULT_MAX_SESSIONS
         max_age = max_age if max_age > 0 else DEFAULT_MAX_AGE
         max_total_bytes = max_total_bytes if max_total_bytes > 0 else DEFAULT_MAX_BYTES
-        scope = f"ledger-sessions/{tenant}/{agent}/{max_sessions}/{max_age}/{max_total_bytes}"
-        resume = decode_token(scope, token)
+        listing = ("ledger.list_sessions", agent, max_sessions, max_age, max_total_bytes)
+        resume = await self.pages.resume(tenant, listing, token)
         count, used, after = 0, 0, None
         if resume is not None:
             count, used, t, s = json.loads(resume)
@@ -206,6 +206,6 @@ class SessionMethods(LedgerBase):
         more = count < max_sessions and len(acts) > len(out)
         if not more or not out:
             return out, ""
-        last = out[-1]
-        return out, encode_token(scope, json.dumps([count, used, last.last_activity, last.session_id]))
+        last = json.dumps([count, used, out[-1].last_activity, out[-1].session_id])
+        return out, await self.pages.issue(tenant, listing, last)
 
