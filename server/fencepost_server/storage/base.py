@@ -4,7 +4,10 @@ Keys are `str` compared in UTF-8 byte order (for valid Unicode this is code
 point order, so Python's own `str` ordering agrees). Values are `bytes`.
 Version tokens are opaque strings that change on every successful write and
 are never handed out twice by one backend, so a key deleted and re-created
-never gets an old token back (no ABA).
+never gets an old token back (no ABA). Every backend mints them with
+`new_version` (128 random bits): unique without coordination (replicas,
+restarts, a backup restored elsewhere), and unlike a shared counter they tell
+one tenant nothing about how much the others write.
 
 A miss is a miss (`None`); an outage raises `BackendUnavailable`. A write
 whose outcome is unknown raises `PersistenceUncertain`.
@@ -13,12 +16,19 @@ whose outcome is unknown raises `PersistenceUncertain`.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
 MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
+
+
+def new_version() -> str:
+    """A fresh version token: 128 random bits, so a token is never handed out
+    twice (no ABA after delete and re-create) and carries no counter."""
+    return os.urandom(16).hex()
 
 
 class StorageError(Exception):

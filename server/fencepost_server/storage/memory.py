@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import secrets
 from collections.abc import Sequence
 
 from .base import (
@@ -18,6 +17,7 @@ from .base import (
     Storage,
     TxnResult,
     Write,
+    new_version,
     validate_transaction,
 )
 
@@ -28,20 +28,14 @@ class MemoryStorage(Storage):
     def __init__(self) -> None:
         self._items: dict[str, Item] = {}
         self._keys: list[str] = []  # sorted; str order == UTF-8 byte order
-        # A random epoch plus a counter: tokens are unique within and across instances.
-        self._epoch = secrets.token_hex(4)
-        self._counter = itertools.count(1)
         self._closed = False
 
     def _open(self) -> None:
         if self._closed:
             raise BackendUnavailable("memory backend is closed")
 
-    def _next_version(self) -> str:
-        return f"{self._epoch}-{next(self._counter):012x}"
-
     def _store(self, key: str, value: bytes, version: str | None = None) -> str:
-        version = version or self._next_version()
+        version = version or new_version()
         if key not in self._items:
             bisect.insort(self._keys, key)
         self._items[key] = Item(key, bytes(value), version)

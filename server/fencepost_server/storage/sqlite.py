@@ -6,9 +6,9 @@ COMMIT (one fsync) acknowledges the whole batch. Reads run on a separate
 connection in a reader thread, batched the same way; WAL lets them proceed
 while the writer writes.
 
-Version tokens come from a counter stored in the same file and advanced inside
-the write transaction, so they are unique across restarts and across several
-processes sharing the file (BEGIN IMMEDIATE serialises writers).
+Version tokens are 128 random bits minted per write (`new_version`), as on
+every backend: unique across restarts, processes sharing the file and copies
+of it, and they say nothing about how much anyone else writes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .base import (
     Storage,
     TxnResult,
     Write,
+    new_version,
     prefix_end,
     validate_transaction,
 )
@@ -46,8 +47,6 @@ CREATE TABLE IF NOT EXISTS kv (
   value BLOB NOT NULL,
   version TEXT NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
 
 _MAX_BATCH = 512
@@ -98,7 +97,6 @@ class _Worker:
         if writer:
             self._conn.executescript(_SCHEMA)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._next_version = 0
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -113,10 +111,6 @@ class _Worker:
         self._queue.put(_STOP)
         self._thread.join()
         self._conn.close()
-
-    def _version(self) -> str:
-        self._next_version += 1
-        return f"{self._next_version:016x}"
 
     def _run(self) -> None:
         while True:
@@ -151,16 +145,13 @@ class _Worker:
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
-            self._next_version = start
             for op, _, _ in batch:
                 conn.execute("SAVEPOINT op")
-                outcome = self._call(op, (conn, self._version))
+                outcome = self._call(op, (conn, new_version))
                 conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
                 if not outcome[0]:
                     conn.execute("RELEASE op")  # one bad op must not sink the batch
                 outcomes.append(outcome)
-            conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.warning("sqlite batch commit failed: %s", exc)

@@ -48,6 +48,7 @@ from ..base import (
     Storage,
     TxnResult,
     Write,
+    new_version,
     validate_transaction,
 )
 from . import listing
@@ -57,7 +58,6 @@ from .codec import (
     directory_put,
     item_from,
     key_from,
-    new_version,
 )
 from .errors import Ambiguous, RetryPolicy, error_code, with_retries
 from .layout import KeyLayout
