@@ -54,7 +54,14 @@ class EvalServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -134,7 +141,14 @@ class EvalServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def PutEvalRun(self, request, context):
@@ -142,6 +156,7 @@ class EvalServiceServicer:
         progresses and finishes): the stored snapshot is replaced and its
         update time set to the server's clock. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,6 +166,7 @@ class EvalServiceServicer:
         """GetEvalRun reads one eval run.
         Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
         this id (it was never written, was deleted, or was pruned): list again.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +176,7 @@ class EvalServiceServicer:
         """DeleteEvalRun removes one eval run; deleting a missing run succeeds with
         `existed = false`.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,6 +193,7 @@ class EvalServiceServicer:
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /
         FIELD_INVALID (negative history_window).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +207,7 @@ class EvalServiceServicer:
         is idempotent. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when experiment or session_id is
         empty or `at` is unset.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +219,7 @@ class EvalServiceServicer:
         (AIP-158); an empty `next_page_token` is the only end signal.
         Errors: the common ones; FIELD_INVALID when experiment is empty;
         PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -210,6 +230,7 @@ class EvalServiceServicer:
         previous one (last write wins), so a replacement host with no local
         sessions can serve the A/B surface. One backend write, no read.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,6 +240,7 @@ class EvalServiceServicer:
         """GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
         never an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -304,7 +326,14 @@ class EvalService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     @staticmethod

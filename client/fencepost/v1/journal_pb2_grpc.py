@@ -46,7 +46,14 @@ class JournalServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -98,7 +105,14 @@ class JournalServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def AppendTurn(self, request, context):
@@ -109,6 +123,7 @@ class JournalServiceServicer:
         the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
         (a required field is empty, `status` is unspecified, or an `extra` key
         shadows a typed field; see the BadRequest field violation).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +136,7 @@ class JournalServiceServicer:
         flushed. An agent that never appended gets one message with
         `found = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,6 +147,7 @@ class JournalServiceServicer:
         at a time (AIP-158). An empty `next_page_token` is the only end signal.
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,6 +157,7 @@ class JournalServiceServicer:
         """ReadArchive streams one rotated journal as JSONL, in record id order.
         Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
         that name for this agent: list the archives again).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,7 +215,14 @@ class JournalService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     @staticmethod

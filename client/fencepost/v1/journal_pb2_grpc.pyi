@@ -47,7 +47,14 @@ class JournalServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_typing.overload
@@ -62,6 +69,7 @@ class JournalServiceStub:
     the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
     (a required field is empty, `status` is unspecified, or an `extra` key
     shadows a typed field; see the BadRequest field violation).
+    Roles: service and operator.
     """
     ReadJournal: _grpc.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -70,17 +78,20 @@ class JournalServiceStub:
     flushed. An agent that never appended gets one message with
     `found = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ListArchives: _grpc.UnaryUnaryMultiCallable[_journal_pb2.ListArchivesRequest, _journal_pb2.ListArchivesResponse]
     """ListArchives lists the agent's rotated journals, oldest first, one page
     at a time (AIP-158). An empty `next_page_token` is the only end signal.
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     ReadArchive: _grpc.UnaryStreamMultiCallable[_journal_pb2.ReadArchiveRequest, _journal_pb2.ReadArchiveResponse]
     """ReadArchive streams one rotated journal as JSONL, in record id order.
     Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
     that name for this agent: list the archives again).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -105,7 +116,14 @@ class JournalServiceAsyncStub(JournalServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -117,6 +135,7 @@ class JournalServiceAsyncStub(JournalServiceStub):
     the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
     (a required field is empty, `status` is unspecified, or an `extra` key
     shadows a typed field; see the BadRequest field violation).
+    Roles: service and operator.
     """
     ReadJournal: _aio.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]  # type: ignore[assignment]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -125,17 +144,20 @@ class JournalServiceAsyncStub(JournalServiceStub):
     flushed. An agent that never appended gets one message with
     `found = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ListArchives: _aio.UnaryUnaryMultiCallable[_journal_pb2.ListArchivesRequest, _journal_pb2.ListArchivesResponse]  # type: ignore[assignment]
     """ListArchives lists the agent's rotated journals, oldest first, one page
     at a time (AIP-158). An empty `next_page_token` is the only end signal.
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     ReadArchive: _aio.UnaryStreamMultiCallable[_journal_pb2.ReadArchiveRequest, _journal_pb2.ReadArchiveResponse]  # type: ignore[assignment]
     """ReadArchive streams one rotated journal as JSONL, in record id order.
     Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
     that name for this agent: list the archives again).
+    Roles: service and operator.
     """
 
 class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -159,7 +181,14 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -175,6 +204,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
         (a required field is empty, `status` is unspecified, or an `extra` key
         shadows a typed field; see the BadRequest field violation).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -189,6 +219,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         flushed. An agent that never appended gets one message with
         `found = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -201,6 +232,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         at a time (AIP-158). An empty `next_page_token` is the only end signal.
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -212,6 +244,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReadArchive streams one rotated journal as JSONL, in record id order.
         Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
         that name for this agent: list the archives again).
+        Roles: service and operator.
         """
 
 def add_JournalServiceServicer_to_server(servicer: JournalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -43,7 +43,14 @@ class KvServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -122,12 +129,20 @@ class KvServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def Put(self, request, context):
         """Put writes or overwrites a key and returns its new version.
         Errors: the common ones. Idempotent when retried with the same request_id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,6 +151,7 @@ class KvServiceServicer:
     def Get(self, request, context):
         """Get reads a key. A miss is `found = false`, never an error.
         Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,6 +160,7 @@ class KvServiceServicer:
     def Delete(self, request, context):
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +172,7 @@ class KvServiceServicer:
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,6 +181,7 @@ class KvServiceServicer:
     def GetWithVersion(self, request, context):
         """GetWithVersion reads a key and its version (the same as Get; kept as its
         own RPC so the contract mirrors the compare-and-set group).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,6 +192,7 @@ class KvServiceServicer:
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +204,7 @@ class KvServiceServicer:
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
         expected_version is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -193,6 +214,7 @@ class KvServiceServicer:
         """DeleteIfVersion deletes a key only when its current version equals
         `expected_version` (the conditional delete a lock release needs).
         Errors: as PutIfVersion.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,6 +223,7 @@ class KvServiceServicer:
     def ListKeys(self, request, context):
         """ListKeys returns every key under a prefix in key order, paginated, no values.
         Errors: as List.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +236,7 @@ class KvServiceServicer:
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
         operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
         TXN_DUPLICATE_KEY (one key named twice in one branch).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -297,7 +321,14 @@ class KvService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     @staticmethod

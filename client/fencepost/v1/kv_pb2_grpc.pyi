@@ -44,7 +44,14 @@ class KvServiceStub:
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_typing.overload
@@ -54,14 +61,17 @@ class KvServiceStub:
     Put: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]
     """Put writes or overwrites a key and returns its new version.
     Errors: the common ones. Idempotent when retried with the same request_id.
+    Roles: service and operator.
     """
     Get: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]
     """Get reads a key. A miss is `found = false`, never an error.
     Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     Delete: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     List: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]
     """List returns the entries under a prefix in key order, one page at a time
@@ -69,16 +79,19 @@ class KvServiceStub:
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     GetWithVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetWithVersionRequest, _kv_pb2.GetWithVersionResponse]
     """GetWithVersion reads a key and its version (the same as Get; kept as its
     own RPC so the contract mirrors the compare-and-set group).
+    Roles: service and operator.
     """
     PutIfAbsent: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutIfAbsentRequest, _kv_pb2.PutIfAbsentResponse]
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
     PutIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]
     """PutIfVersion overwrites a key only when its current version equals
@@ -86,15 +99,18 @@ class KvServiceStub:
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
     expected_version is empty.
+    Roles: service and operator.
     """
     DeleteIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]
     """DeleteIfVersion deletes a key only when its current version equals
     `expected_version` (the conditional delete a lock release needs).
     Errors: as PutIfVersion.
+    Roles: service and operator.
     """
     ListKeys: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListKeysRequest, _kv_pb2.ListKeysResponse]
     """ListKeys returns every key under a prefix in key order, paginated, no values.
     Errors: as List.
+    Roles: service and operator.
     """
     Txn: _grpc.UnaryUnaryMultiCallable[_kv_pb2.TxnRequest, _kv_pb2.TxnResponse]
     """Txn evaluates every compare; when all hold it applies `success_ops`,
@@ -103,6 +119,7 @@ class KvServiceStub:
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
     operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
     TXN_DUPLICATE_KEY (one key named twice in one branch).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -124,21 +141,31 @@ class KvServiceAsyncStub(KvServiceStub):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Put: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]  # type: ignore[assignment]
     """Put writes or overwrites a key and returns its new version.
     Errors: the common ones. Idempotent when retried with the same request_id.
+    Roles: service and operator.
     """
     Get: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]  # type: ignore[assignment]
     """Get reads a key. A miss is `found = false`, never an error.
     Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     Delete: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]  # type: ignore[assignment]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     List: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]  # type: ignore[assignment]
     """List returns the entries under a prefix in key order, one page at a time
@@ -146,16 +173,19 @@ class KvServiceAsyncStub(KvServiceStub):
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     GetWithVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetWithVersionRequest, _kv_pb2.GetWithVersionResponse]  # type: ignore[assignment]
     """GetWithVersion reads a key and its version (the same as Get; kept as its
     own RPC so the contract mirrors the compare-and-set group).
+    Roles: service and operator.
     """
     PutIfAbsent: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutIfAbsentRequest, _kv_pb2.PutIfAbsentResponse]  # type: ignore[assignment]
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
     PutIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]  # type: ignore[assignment]
     """PutIfVersion overwrites a key only when its current version equals
@@ -163,15 +193,18 @@ class KvServiceAsyncStub(KvServiceStub):
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
     expected_version is empty.
+    Roles: service and operator.
     """
     DeleteIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]  # type: ignore[assignment]
     """DeleteIfVersion deletes a key only when its current version equals
     `expected_version` (the conditional delete a lock release needs).
     Errors: as PutIfVersion.
+    Roles: service and operator.
     """
     ListKeys: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListKeysRequest, _kv_pb2.ListKeysResponse]  # type: ignore[assignment]
     """ListKeys returns every key under a prefix in key order, paginated, no values.
     Errors: as List.
+    Roles: service and operator.
     """
     Txn: _aio.UnaryUnaryMultiCallable[_kv_pb2.TxnRequest, _kv_pb2.TxnResponse]  # type: ignore[assignment]
     """Txn evaluates every compare; when all hold it applies `success_ops`,
@@ -180,6 +213,7 @@ class KvServiceAsyncStub(KvServiceStub):
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
     operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
     TXN_DUPLICATE_KEY (one key named twice in one branch).
+    Roles: service and operator.
     """
 
 class KvServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -200,7 +234,14 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -211,6 +252,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.PutResponse, _abc.Awaitable[_kv_pb2.PutResponse]]:
         """Put writes or overwrites a key and returns its new version.
         Errors: the common ones. Idempotent when retried with the same request_id.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -221,6 +263,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.GetResponse, _abc.Awaitable[_kv_pb2.GetResponse]]:
         """Get reads a key. A miss is `found = false`, never an error.
         Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -231,6 +274,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.DeleteResponse, _abc.Awaitable[_kv_pb2.DeleteResponse]]:
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -244,6 +288,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -254,6 +299,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.GetWithVersionResponse, _abc.Awaitable[_kv_pb2.GetWithVersionResponse]]:
         """GetWithVersion reads a key and its version (the same as Get; kept as its
         own RPC so the contract mirrors the compare-and-set group).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -266,6 +312,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -279,6 +326,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
         expected_version is empty.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -290,6 +338,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         """DeleteIfVersion deletes a key only when its current version equals
         `expected_version` (the conditional delete a lock release needs).
         Errors: as PutIfVersion.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -300,6 +349,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.ListKeysResponse, _abc.Awaitable[_kv_pb2.ListKeysResponse]]:
         """ListKeys returns every key under a prefix in key order, paginated, no values.
         Errors: as List.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -314,6 +364,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
         operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
         TXN_DUPLICATE_KEY (one key named twice in one branch).
+        Roles: service and operator.
         """
 
 def add_KvServiceServicer_to_server(servicer: KvServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

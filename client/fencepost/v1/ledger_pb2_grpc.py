@@ -44,7 +44,14 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -152,7 +159,14 @@ class LedgerServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -167,6 +181,7 @@ class LedgerServiceServicer:
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,6 +191,7 @@ class LedgerServiceServicer:
         """ResolveSession returns the session of (agent, session_key).
         Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
         UNAVAILABLE during an outage (retry; never open a second session then).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -185,6 +201,7 @@ class LedgerServiceServicer:
         """GetSession returns a session's head: seq, lease, pending inbox count,
         fork parent and times.
         Errors: SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +214,7 @@ class LedgerServiceServicer:
         whole listing, across pages).
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,6 +227,7 @@ class LedgerServiceServicer:
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
         at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
         child_session_key already names another session (resolve it instead).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +241,7 @@ class LedgerServiceServicer:
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -233,6 +253,7 @@ class LedgerServiceServicer:
         generation only, so a retry after an ambiguous failure still succeeds.
         Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
         SESSION_NOT_FOUND; the common ones (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -246,6 +267,7 @@ class LedgerServiceServicer:
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
         hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -263,6 +285,7 @@ class LedgerServiceServicer:
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
         4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
         SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -273,6 +296,7 @@ class LedgerServiceServicer:
         included), in pages read from the backend one at a time, so any length
         reads in bounded memory.
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -287,6 +311,7 @@ class LedgerServiceServicer:
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
         (by session_id); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -295,6 +320,7 @@ class LedgerServiceServicer:
     def ListInbox(self, request, context):
         """ListInbox returns pending events in arrival order (AIP-158 paging).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -305,6 +331,7 @@ class LedgerServiceServicer:
         each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
         once `generation` is no longer current (stop working on the session).
         Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -316,6 +343,7 @@ class LedgerServiceServicer:
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -421,7 +449,14 @@ class LedgerService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,

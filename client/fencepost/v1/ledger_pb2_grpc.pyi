@@ -45,7 +45,14 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -64,16 +71,19 @@ class LedgerServiceStub:
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ResolveSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]
     """ResolveSession returns the session of (agent, session_key).
     Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
     UNAVAILABLE during an outage (retry; never open a second session then).
+    Roles: service and operator.
     """
     GetSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.GetSessionRequest, _ledger_pb2.GetSessionResponse]
     """GetSession returns a session's head: seq, lease, pending inbox count,
     fork parent and times.
     Errors: SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ListSessions: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListSessionsRequest, _ledger_pb2.ListSessionsResponse]
     """ListSessions returns an agent's sessions, newest activity first, stopping
@@ -82,6 +92,7 @@ class LedgerServiceStub:
     whole listing, across pages).
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
+    Roles: service and operator.
     """
     Fork: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ForkRequest, _ledger_pb2.ForkResponse]
     """Fork creates a child session whose log is the parent's records
@@ -90,6 +101,7 @@ class LedgerServiceStub:
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
+    Roles: service and operator.
     """
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]
     """AcquireLease grants the lease when there is none or it expired by the
@@ -99,6 +111,7 @@ class LedgerServiceStub:
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
     """RenewLease extends the lease while `generation` is still current, even
@@ -106,6 +119,7 @@ class LedgerServiceStub:
     generation only, so a retry after an ambiguous failure still succeeds.
     Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
     SESSION_NOT_FOUND; the common ones (retry).
+    Roles: service and operator.
     """
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ReleaseLeaseRequest, _ledger_pb2.ReleaseLeaseResponse]
     """ReleaseLease gives the lease up and keeps the generation. Idempotent.
@@ -115,6 +129,7 @@ class LedgerServiceStub:
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
     hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -128,12 +143,14 @@ class LedgerServiceStub:
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
     4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
     SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ReadLog: _grpc.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
     reads in bounded memory.
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+    Roles: service and operator.
     """
     Deliver: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.DeliverRequest, _ledger_pb2.DeliverResponse]
     """Deliver parks an event in the session inbox and marks the session
@@ -144,16 +161,19 @@ class LedgerServiceStub:
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
     (by session_id); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
+    Roles: service and operator.
     """
     ListInbox: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]
     """ListInbox returns pending events in arrival order (AIP-158 paging).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+    Roles: service and operator.
     """
     WatchInbox: _grpc.UnaryStreamMultiCallable[_ledger_pb2.WatchInboxRequest, _ledger_pb2.WatchInboxResponse]
     """WatchInbox streams, for the live holder, the current backlog and then
     each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
     once `generation` is no longer current (stop working on the session).
     Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+    Roles: service and operator.
     """
     ClaimOrphan: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ClaimOrphanRequest, _ledger_pb2.ClaimOrphanResponse]
     """ClaimOrphan hands the caller an orphaned session (events pending, lease
@@ -161,6 +181,7 @@ class LedgerServiceStub:
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -183,7 +204,14 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -199,16 +227,19 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ResolveSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]  # type: ignore[assignment]
     """ResolveSession returns the session of (agent, session_key).
     Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
     UNAVAILABLE during an outage (retry; never open a second session then).
+    Roles: service and operator.
     """
     GetSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.GetSessionRequest, _ledger_pb2.GetSessionResponse]  # type: ignore[assignment]
     """GetSession returns a session's head: seq, lease, pending inbox count,
     fork parent and times.
     Errors: SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ListSessions: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListSessionsRequest, _ledger_pb2.ListSessionsResponse]  # type: ignore[assignment]
     """ListSessions returns an agent's sessions, newest activity first, stopping
@@ -217,6 +248,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     whole listing, across pages).
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
+    Roles: service and operator.
     """
     Fork: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ForkRequest, _ledger_pb2.ForkResponse]  # type: ignore[assignment]
     """Fork creates a child session whose log is the parent's records
@@ -225,6 +257,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
+    Roles: service and operator.
     """
     AcquireLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
     """AcquireLease grants the lease when there is none or it expired by the
@@ -234,6 +267,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """RenewLease extends the lease while `generation` is still current, even
@@ -241,6 +275,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     generation only, so a retry after an ambiguous failure still succeeds.
     Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
     SESSION_NOT_FOUND; the common ones (retry).
+    Roles: service and operator.
     """
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ReleaseLeaseRequest, _ledger_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     """ReleaseLease gives the lease up and keeps the generation. Idempotent.
@@ -250,6 +285,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
     hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     Commit: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]  # type: ignore[assignment]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -263,12 +299,14 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
     4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
     SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ReadLog: _aio.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]  # type: ignore[assignment]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
     reads in bounded memory.
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+    Roles: service and operator.
     """
     Deliver: _aio.UnaryUnaryMultiCallable[_ledger_pb2.DeliverRequest, _ledger_pb2.DeliverResponse]  # type: ignore[assignment]
     """Deliver parks an event in the session inbox and marks the session
@@ -279,16 +317,19 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
     (by session_id); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
+    Roles: service and operator.
     """
     ListInbox: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]  # type: ignore[assignment]
     """ListInbox returns pending events in arrival order (AIP-158 paging).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+    Roles: service and operator.
     """
     WatchInbox: _aio.UnaryStreamMultiCallable[_ledger_pb2.WatchInboxRequest, _ledger_pb2.WatchInboxResponse]  # type: ignore[assignment]
     """WatchInbox streams, for the live holder, the current backlog and then
     each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
     once `generation` is no longer current (stop working on the session).
     Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+    Roles: service and operator.
     """
     ClaimOrphan: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ClaimOrphanRequest, _ledger_pb2.ClaimOrphanResponse]  # type: ignore[assignment]
     """ClaimOrphan hands the caller an orphaned session (events pending, lease
@@ -296,6 +337,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -317,7 +359,14 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -337,6 +386,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -348,6 +398,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         """ResolveSession returns the session of (agent, session_key).
         Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
         UNAVAILABLE during an outage (retry; never open a second session then).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -359,6 +410,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetSession returns a session's head: seq, lease, pending inbox count,
         fork parent and times.
         Errors: SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -373,6 +425,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         whole listing, across pages).
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -387,6 +440,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
         at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
         child_session_key already names another session (resolve it instead).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -402,6 +456,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -415,6 +470,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         generation only, so a retry after an ambiguous failure still succeeds.
         Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
         SESSION_NOT_FOUND; the common ones (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -430,6 +486,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
         hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -449,6 +506,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
         4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
         SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -461,6 +519,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         included), in pages read from the backend one at a time, so any length
         reads in bounded memory.
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -477,6 +536,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
         (by session_id); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -487,6 +547,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.ListInboxResponse, _abc.Awaitable[_ledger_pb2.ListInboxResponse]]:
         """ListInbox returns pending events in arrival order (AIP-158 paging).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -499,6 +560,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
         once `generation` is no longer current (stop working on the session).
         Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -512,6 +574,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
 def add_LedgerServiceServicer_to_server(servicer: LedgerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -51,7 +51,14 @@ class MemoryServiceStub:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -148,7 +155,14 @@ class MemoryServiceServicer:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def Append(self, request, context):
@@ -157,8 +171,13 @@ class MemoryServiceServicer:
         over 4096 UTF-8 bytes: shorten or split it, nothing was written);
         INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-        (`supersedes` is not a live entry of this agent: re-read, do not retry).
-        Idempotent when retried with the same request_id.
+        (`supersedes` is not a live entry of this agent: re-read, do not retry);
+        PERMISSION_DENIED / PERMISSION_DENIED (a service token set
+        provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
+        operator; metadata `role`). Idempotent when retried with the same request_id.
+        Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
+        (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
+        operator may say that an operator said it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,6 +188,7 @@ class MemoryServiceServicer:
         read (the newest `limit` entries within 16384 bytes of content,
         presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -180,6 +200,7 @@ class MemoryServiceServicer:
         included and marked. A query with no letters or digits matches nothing.
         Each returned entry's usage counters are bumped.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +210,7 @@ class MemoryServiceServicer:
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
         Errors: the common ones. Idempotent with the same request_id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,8 +218,11 @@ class MemoryServiceServicer:
 
     def Audit(self, request, context):
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record.
-        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        first, paginated (AIP-158). The operator's view of the record: it shows
+        what Forget hid, so it needs the operator role.
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+        PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -208,6 +233,7 @@ class MemoryServiceServicer:
         appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +247,7 @@ class MemoryServiceServicer:
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
         this agent with that id: re-read).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,6 +256,7 @@ class MemoryServiceServicer:
     def Unpin(self, request, context):
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
         holds no pin. Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -239,6 +267,7 @@ class MemoryServiceServicer:
         what the prompt carries (effective pins that are live and true now);
         `allocated` is every pin holding budget (superseded and out-of-window
         pins included). Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -247,6 +276,7 @@ class MemoryServiceServicer:
     def Topics(self, request, context):
         """Topics returns one topic per about key over the entries true now,
         ordered by count descending, then name. Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -261,6 +291,7 @@ class MemoryServiceServicer:
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
         (nothing of the call is written).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -271,6 +302,7 @@ class MemoryServiceServicer:
         pinned core (at most 2048 bytes, never pushed out), the topic index (at
         most 4096 bytes rendered), and the recency tail (at most 8 entries and
         4096 bytes, skipping pinned entries). Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -373,7 +405,14 @@ class MemoryService:
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     @staticmethod

@@ -52,7 +52,14 @@ class MemoryServiceStub:
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_typing.overload
@@ -65,14 +72,20 @@ class MemoryServiceStub:
     over 4096 UTF-8 bytes: shorten or split it, nothing was written);
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-    (`supersedes` is not a live entry of this agent: re-read, do not retry).
-    Idempotent when retried with the same request_id.
+    (`supersedes` is not a live entry of this agent: re-read, do not retry);
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set
+    provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
+    operator; metadata `role`). Idempotent when retried with the same request_id.
+    Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
+    (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
+    operator may say that an operator said it).
     """
     List: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content,
     presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    Roles: service and operator.
     """
     Search: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]
     """Search returns live entries matching every token of the query (content
@@ -80,22 +93,28 @@ class MemoryServiceStub:
     included and marked. A query with no letters or digits matches nothing.
     Each returned entry's usage counters are bumped.
     Errors: the common ones.
+    Roles: service and operator.
     """
     Forget: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
     Errors: the common ones. Idempotent with the same request_id.
+    Roles: service and operator.
     """
     Audit: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record.
-    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    first, paginated (AIP-158). The operator's view of the record: it shows
+    what Forget hid, so it needs the operator role.
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+    PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     ReassertTrust: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]
     """ReassertTrust sets the trust label of an un-tombstoned entry (one
     appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]
     """Pin puts a live entry into the pinned core (2048 bytes of content).
@@ -105,20 +124,24 @@ class MemoryServiceStub:
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
     this agent with that id: re-read).
+    Roles: service and operator.
     """
     Unpin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
     holds no pin. Errors: the common ones.
+    Roles: service and operator.
     """
     Pinned: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]
     """Pinned returns the pinned set in pin order: `current` (default) is
     what the prompt carries (effective pins that are live and true now);
     `allocated` is every pin holding budget (superseded and out-of-window
     pins included). Errors: the common ones.
+    Roles: service and operator.
     """
     Topics: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceTopicsRequest, _memory_pb2.MemoryServiceTopicsResponse]
     """Topics returns one topic per about key over the entries true now,
     ordered by count descending, then name. Errors: the common ones.
+    Roles: service and operator.
     """
     Import: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
@@ -129,12 +152,14 @@ class MemoryServiceStub:
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
     (nothing of the call is written).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]
     """BuildInjection returns the three disjoint blocks a turn injects: the
     pinned core (at most 2048 bytes, never pushed out), the topic index (at
     most 4096 bytes rendered), and the recency tail (at most 8 entries and
     4096 bytes, skipping pinned entries). Errors: the common ones.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -164,7 +189,14 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -174,14 +206,20 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     over 4096 UTF-8 bytes: shorten or split it, nothing was written);
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-    (`supersedes` is not a live entry of this agent: re-read, do not retry).
-    Idempotent when retried with the same request_id.
+    (`supersedes` is not a live entry of this agent: re-read, do not retry);
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set
+    provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
+    operator; metadata `role`). Idempotent when retried with the same request_id.
+    Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
+    (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
+    operator may say that an operator said it).
     """
     List: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]  # type: ignore[assignment]
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content,
     presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    Roles: service and operator.
     """
     Search: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]  # type: ignore[assignment]
     """Search returns live entries matching every token of the query (content
@@ -189,22 +227,28 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     included and marked. A query with no letters or digits matches nothing.
     Each returned entry's usage counters are bumped.
     Errors: the common ones.
+    Roles: service and operator.
     """
     Forget: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]  # type: ignore[assignment]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
     Errors: the common ones. Idempotent with the same request_id.
+    Roles: service and operator.
     """
     Audit: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]  # type: ignore[assignment]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record.
-    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    first, paginated (AIP-158). The operator's view of the record: it shows
+    what Forget hid, so it needs the operator role.
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+    PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     ReassertTrust: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]  # type: ignore[assignment]
     """ReassertTrust sets the trust label of an un-tombstoned entry (one
     appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]  # type: ignore[assignment]
     """Pin puts a live entry into the pinned core (2048 bytes of content).
@@ -214,20 +258,24 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
     this agent with that id: re-read).
+    Roles: service and operator.
     """
     Unpin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]  # type: ignore[assignment]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
     holds no pin. Errors: the common ones.
+    Roles: service and operator.
     """
     Pinned: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]  # type: ignore[assignment]
     """Pinned returns the pinned set in pin order: `current` (default) is
     what the prompt carries (effective pins that are live and true now);
     `allocated` is every pin holding budget (superseded and out-of-window
     pins included). Errors: the common ones.
+    Roles: service and operator.
     """
     Topics: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceTopicsRequest, _memory_pb2.MemoryServiceTopicsResponse]  # type: ignore[assignment]
     """Topics returns one topic per about key over the entries true now,
     ordered by count descending, then name. Errors: the common ones.
+    Roles: service and operator.
     """
     Import: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]  # type: ignore[assignment]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
@@ -238,12 +286,14 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
     (nothing of the call is written).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]  # type: ignore[assignment]
     """BuildInjection returns the three disjoint blocks a turn injects: the
     pinned core (at most 2048 bytes, never pushed out), the topic index (at
     most 4096 bytes rendered), and the recency tail (at most 8 entries and
     4096 bytes, skipping pinned entries). Errors: the common ones.
+    Roles: service and operator.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -272,7 +322,14 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same request_id (it applies once).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -286,8 +343,13 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         over 4096 UTF-8 bytes: shorten or split it, nothing was written);
         INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-        (`supersedes` is not a live entry of this agent: re-read, do not retry).
-        Idempotent when retried with the same request_id.
+        (`supersedes` is not a live entry of this agent: re-read, do not retry);
+        PERMISSION_DENIED / PERMISSION_DENIED (a service token set
+        provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
+        operator; metadata `role`). Idempotent when retried with the same request_id.
+        Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
+        (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
+        operator may say that an operator said it).
         """
 
     @_abc_1.abstractmethod
@@ -300,6 +362,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         read (the newest `limit` entries within 16384 bytes of content,
         presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -313,6 +376,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         included and marked. A query with no letters or digits matches nothing.
         Each returned entry's usage counters are bumped.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -324,6 +388,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
         Errors: the common ones. Idempotent with the same request_id.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -333,8 +398,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceAuditResponse, _abc.Awaitable[_memory_pb2.MemoryServiceAuditResponse]]:
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record.
-        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        first, paginated (AIP-158). The operator's view of the record: it shows
+        what Forget hid, so it needs the operator role.
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+        PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -347,6 +415,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -362,6 +431,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
         this agent with that id: re-read).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -372,6 +442,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceUnpinResponse, _abc.Awaitable[_memory_pb2.MemoryServiceUnpinResponse]]:
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
         holds no pin. Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -384,6 +455,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         what the prompt carries (effective pins that are live and true now);
         `allocated` is every pin holding budget (superseded and out-of-window
         pins included). Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -394,6 +466,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceTopicsResponse, _abc.Awaitable[_memory_pb2.MemoryServiceTopicsResponse]]:
         """Topics returns one topic per about key over the entries true now,
         ordered by count descending, then name. Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -410,6 +483,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
         (nothing of the call is written).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -422,6 +496,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         pinned core (at most 2048 bytes, never pushed out), the topic index (at
         most 4096 bytes rendered), and the recency tail (at most 8 entries and
         4096 bytes, skipping pinned entries). Errors: the common ones.
+        Roles: service and operator.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

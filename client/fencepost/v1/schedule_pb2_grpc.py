@@ -49,7 +49,14 @@ class ScheduleServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -114,7 +121,14 @@ class ScheduleServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     def CreateReminder(self, request, context):
@@ -129,6 +143,7 @@ class ScheduleServiceServicer:
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,6 +156,7 @@ class ScheduleServiceServicer:
         Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
         FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
         ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +168,7 @@ class ScheduleServiceServicer:
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,6 +180,7 @@ class ScheduleServiceServicer:
         clock moved forward makes it due at once. A reminder stays due until
         Dispatch or DeleteReminder ends it, across restarts.
         Errors: as ListReminders.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,6 +196,7 @@ class ScheduleServiceServicer:
         Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
         the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
         `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +211,7 @@ class ScheduleServiceServicer:
         `generation` is no longer current (stop working on the session).
         Errors: the common ones (re-watch; a reminder not yet dispatched is
         pushed again).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -262,7 +282,14 @@ class ScheduleService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+    / PERMISSION_DENIED: the caller's role may not make this call (metadata
+    `role`); each RPC's `Roles:` line says who may, and the README's
+    security section has the whole table. Do not retry as is.
     """
 
     @staticmethod

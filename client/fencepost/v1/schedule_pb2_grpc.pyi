@@ -50,7 +50,14 @@ class ScheduleServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_typing.overload
@@ -69,6 +76,7 @@ class ScheduleServiceStub:
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+    Roles: service and operator.
     """
     DeleteReminder: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DeleteReminderRequest, _schedule_pb2.DeleteReminderResponse]
     """DeleteReminder ends an active reminder. The id's shape is validated
@@ -77,6 +85,7 @@ class ScheduleServiceStub:
     Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
     FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
     ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     ListReminders: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.ListRemindersRequest, _schedule_pb2.ListRemindersResponse]
     """ListReminders returns the active reminders in id order, each with its
@@ -84,6 +93,7 @@ class ScheduleServiceStub:
     Any lease holder or none may call it.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones (retry).
+    Roles: service and operator.
     """
     DueReminders: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DueRemindersRequest, _schedule_pb2.DueRemindersResponse]
     """DueReminders returns the active reminders whose target has passed by the
@@ -91,6 +101,7 @@ class ScheduleServiceStub:
     clock moved forward makes it due at once. A reminder stays due until
     Dispatch or DeleteReminder ends it, across restarts.
     Errors: as ListReminders.
+    Roles: service and operator.
     """
     Dispatch: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DispatchRequest, _schedule_pb2.DispatchResponse]
     """Dispatch records that the runtime queued the reminder's follow-up turn
@@ -102,6 +113,7 @@ class ScheduleServiceStub:
     Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
     the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
     `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     WatchDue: _grpc.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]
     """WatchDue streams, for the live lease holder, each active reminder once
@@ -112,6 +124,7 @@ class ScheduleServiceStub:
     `generation` is no longer current (stop working on the session).
     Errors: the common ones (re-watch; a reminder not yet dispatched is
     pushed again).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -139,7 +152,14 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -155,6 +175,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+    Roles: service and operator.
     """
     DeleteReminder: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DeleteReminderRequest, _schedule_pb2.DeleteReminderResponse]  # type: ignore[assignment]
     """DeleteReminder ends an active reminder. The id's shape is validated
@@ -163,6 +184,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
     FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
     ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     ListReminders: _aio.UnaryUnaryMultiCallable[_schedule_pb2.ListRemindersRequest, _schedule_pb2.ListRemindersResponse]  # type: ignore[assignment]
     """ListReminders returns the active reminders in id order, each with its
@@ -170,6 +192,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Any lease holder or none may call it.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones (retry).
+    Roles: service and operator.
     """
     DueReminders: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DueRemindersRequest, _schedule_pb2.DueRemindersResponse]  # type: ignore[assignment]
     """DueReminders returns the active reminders whose target has passed by the
@@ -177,6 +200,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     clock moved forward makes it due at once. A reminder stays due until
     Dispatch or DeleteReminder ends it, across restarts.
     Errors: as ListReminders.
+    Roles: service and operator.
     """
     Dispatch: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DispatchRequest, _schedule_pb2.DispatchResponse]  # type: ignore[assignment]
     """Dispatch records that the runtime queued the reminder's follow-up turn
@@ -188,6 +212,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
     the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
     `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     WatchDue: _aio.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]  # type: ignore[assignment]
     """WatchDue streams, for the live lease holder, each active reminder once
@@ -198,6 +223,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     `generation` is no longer current (stop working on the session).
     Errors: the common ones (re-watch; a reminder not yet dispatched is
     pushed again).
+    Roles: service and operator.
     """
 
 class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -224,7 +250,14 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
-    - UNAUTHENTICATED / PERMISSION_DENIED: see the security section of the README.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
+      / PERMISSION_DENIED: the caller's role may not make this call (metadata
+      `role`); each RPC's `Roles:` line says who may, and the README's
+      security section has the whole table. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -244,6 +277,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -258,6 +292,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
         FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
         ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -271,6 +306,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -284,6 +320,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         clock moved forward makes it due at once. A reminder stays due until
         Dispatch or DeleteReminder ends it, across restarts.
         Errors: as ListReminders.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -301,6 +338,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
         the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
         `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -317,6 +355,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         `generation` is no longer current (stop working on the session).
         Errors: the common ones (re-watch; a reminder not yet dispatched is
         pushed again).
+        Roles: service and operator.
         """
 
 def add_ScheduleServiceServicer_to_server(servicer: ScheduleServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

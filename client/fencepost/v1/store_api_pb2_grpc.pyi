@@ -54,6 +54,7 @@ class StoreApiServiceStub:
       as JournalService.AppendTurn. Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -82,6 +83,7 @@ class StoreApiServiceAsyncStub(StoreApiServiceStub):
       as JournalService.AppendTurn. Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    Roles: service and operator.
     """
 
 class StoreApiServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -113,6 +115,7 @@ class StoreApiServiceServicer(metaclass=_abc_1.ABCMeta):
           as JournalService.AppendTurn. Nothing was written.
         - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
         - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+        Roles: service and operator.
         """
 
 def add_StoreApiServiceServicer_to_server(servicer: StoreApiServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
