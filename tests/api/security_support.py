@@ -114,6 +114,16 @@ def every_rpc() -> set[str]:
     return {f"{s.name}/{m.name}" for s in SERVICES.values() for m in s.methods}
 
 
+class ManualClock:
+    """A wall clock the test moves (the schedule's reminders fall due at once)."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def struct(value: dict[str, Any]) -> struct_pb2.Struct:
     out = struct_pb2.Struct()
     out.update(value)

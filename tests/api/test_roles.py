@@ -19,7 +19,16 @@ from fencepost.v1 import journal_pb2, kv_pb2, memory_pb2, store_api_pb2
 from fencepost_server.app import App
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
-from tests.api.security_support import PROTO_DIR, Rpc, every_rpc, reason_of, secs, struct, write_tokens
+from tests.api.security_support import (
+    PROTO_DIR,
+    ManualClock,
+    Rpc,
+    every_rpc,
+    reason_of,
+    secs,
+    struct,
+    write_tokens,
+)
 
 #: RPCs only the operator role may call (PERMISSION_DENIED for a service token).
 OPERATOR_ONLY = {"MemoryService/Audit", "MemoryService/ReassertTrust", "MemoryService/Import"}
@@ -30,21 +39,13 @@ OPERATOR_ONLY_CASES = {"MemoryService/Append(trust=operator)"}
 ROLE_TOKENS = {"service": "token-tenant-a", "operator": "token-operator-a"}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Run:
     """One role's walk through every RPC, with the ids earlier calls returned."""
 
     rpc: Rpc
     role: str
-    clock: Clock
+    clock: ManualClock
     got: dict[str, Any] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
 
@@ -161,8 +162,8 @@ def expected(role: str, cases: set[str]) -> dict[str, str]:
 
 
 @pytest.fixture
-async def one_tenant(tmp_path: Path, storage: Storage) -> AsyncIterator[tuple[App, Clock]]:
-    clock = Clock()
+async def one_tenant(tmp_path: Path, storage: Storage) -> AsyncIterator[tuple[App, ManualClock]]:
+    clock = ManualClock()
     settings = Settings(listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json"),
                         schedule_clock=clock, max_journal_bytes=1500)
     app = App(settings, storage=storage)
@@ -171,7 +172,7 @@ async def one_tenant(tmp_path: Path, storage: Storage) -> AsyncIterator[tuple[Ap
     await app.stop(grace=0.2)
 
 
-async def test_role_matrix_every_rpc_both_roles(one_tenant: tuple[App, Clock]) -> None:
+async def test_role_matrix_every_rpc_both_roles(one_tenant: tuple[App, ManualClock]) -> None:
     app, clock = one_tenant
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
         for role, token in ROLE_TOKENS.items():
