@@ -152,9 +152,9 @@ class Rpc:
     """Calls any fencepost RPC by `Service/Method` with one bearer token.
     A server stream is read to its end (`first_only`: its first message)."""
 
-    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, token: str | None = None) -> None:
         self.channel = channel
-        self.metadata = (("authorization", f"Bearer {token}"),)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def __call__(self, rpc: str, /, *, first_only: bool = False, **fields: Any) -> Any:
         service, method = rpc.split("/")
