@@ -51,7 +51,7 @@ from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
-from .domain.paging import PageTokens
+from .domain.paging import PageTokens, secret_from_file
 from .domain.requests import RequestLog
 from .domain.schedule import Schedule
 from .observability import Metrics
@@ -214,6 +214,10 @@ class App:
         self.observer = observer or self.metrics
         raw = storage or open_backend(settings.backend_url())
         self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
+        key_file = settings.page_token_key_file
+        self.pages = (
+            PageTokens.with_secret(secret_from_file(key_file)) if key_file else PageTokens.of_deployment(self.storage)
+        )
         self.metrics_port: int | None = None
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -233,7 +237,7 @@ class App:
         registry = HandlerRegistry(server)
         ctx = AppContext(
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event,
-            PageTokens.of_deployment(self.storage),
+            self.pages,
         )
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain

@@ -32,6 +32,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sec.add_argument("--tls-client-ca", type=Path, help="CA for client certificates: turns on mTLS")
     sec.add_argument("--trust-xfcc", action="store_true",
                      help="trust the sidecar's x-forwarded-client-cert header (mesh-terminated mTLS)")
+    sec.add_argument("--page-token-key-file", type=Path,
+                     help="64 hex digits keying page tokens (default: a key kept in the backend)")
     p.add_argument("--metrics-listen", help="host:port for Prometheus /metrics (off by default)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--insecure", action="store_true",
@@ -55,6 +57,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         trust_xfcc=args.trust_xfcc,
+        page_token_key_file=args.page_token_key_file,
         metrics_listen=args.metrics_listen,
     )
 

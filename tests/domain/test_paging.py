@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from fencepost import reasons
 from fencepost_server.domain.errors import InvalidArgument
-from fencepost_server.domain.paging import PAGE_KEY_ITEM, PageTokens
+from fencepost_server.domain.paging import PAGE_KEY_ITEM, PageTokens, secret_from_file
 from fencepost_server.storage import Storage
 from fencepost_server.storage.memory import MemoryStorage
 
@@ -85,3 +86,13 @@ async def test_replicas_of_one_backend_share_the_key_and_others_do_not() -> None
     elsewhere = PageTokens.of_deployment(MemoryStorage())
     with pytest.raises(InvalidArgument):
         await elsewhere.resume("t", ["l"], tokens[0])
+
+
+def test_an_operator_supplied_key_file(tmp_path: Path) -> None:
+    good = tmp_path / "key"
+    good.write_text("ab" * 32 + "\n")
+    assert secret_from_file(good) == bytes.fromhex("ab" * 32)
+    for bad in ("ab" * 31, "zz" * 32, ""):
+        good.write_text(bad)
+        with pytest.raises(ValueError):
+            secret_from_file(good)

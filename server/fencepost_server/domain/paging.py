@@ -13,11 +13,15 @@ page_size) are the associated data, so:
   PAGE_TOKEN_INVALID: nothing is listed.
 
 Every replica must seal and open with the same key, so by default the key
-lives in the backend itself (`#/server/page-token-key`, created once with
-put_if_absent: the first replica to start mints it, every other one reads it).
-Deleting that item rotates the key; outstanding tokens then become invalid and
-their callers restart their listings. GCM-SIV stays safe if a random nonce
-ever repeats, so one key can seal any number of tokens.
+lives in the backend itself (`#/server/page-token-key`, created with
+put_if_absent by the first replica that needs it; every other one reads it,
+once per process). Anyone who can read the backend can read every position
+anyway, so keeping the key there gives nothing away. An operator may supply
+the key instead (`--page-token-key-file`, the same file on every replica).
+Rotating it (delete the item, or change the file, then restart the replicas)
+invalidates outstanding tokens: their callers restart their listings.
+GCM-SIV stays safe if a random nonce ever repeats, so one key can seal any
+number of tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hmac
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
@@ -122,6 +127,17 @@ class PageTokens:
             return plain.decode()
         except (InvalidTag, UnicodeDecodeError):
             raise _invalid() from None
+
+
+def secret_from_file(path: Path) -> bytes:
+    """An operator-supplied secret: 64 hex digits (`openssl rand -hex 32`)."""
+    text = path.read_text().strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{path}: the page-token key must be {2 * SECRET_BYTES} hex digits") from None
+    _check_secret(secret)
+    return secret
 
 
 def _check_secret(secret: bytes) -> None:
