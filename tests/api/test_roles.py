@@ -214,3 +214,16 @@ def test_proto_comments_state_each_rpcs_roles() -> None:
         else:
             assert text.startswith("service and operator"), (name, text)
     assert "MEMORY_TRUST_OPERATOR needs the operator role" in lines["MemoryService/Append"]
+
+
+def test_readme_security_table_names_every_rpc_and_its_roles() -> None:
+    readme = (PROTO_DIR.parents[2] / "README.md").read_text()
+    section = readme.split("## Security: who may do what", 1)[1].split("\n## ", 1)[0]
+    listed: dict[str, str] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].endswith("Service"):
+            for method in re.findall(r"\b([A-Z]\w+)\b(?: \([^)]*\))?", cells[1]):
+                listed[f"{cells[0]}/{method}"] = cells[2]
+    assert set(listed) == every_rpc()
+    assert {name for name, service_role in listed.items() if service_role == "no"} == OPERATOR_ONLY
