@@ -233,7 +233,8 @@ async def test_page_tokens_are_bound_to_their_tenant_and_listing(two_tenant_chan
     # The same tenant, another listing or other parameters: also refused.
     kv = (await a("KvService/List", page_size=1, prefix="k/")).next_page_token
     outcomes["other listing / parameters"] = {
-        "ListKeys": await _refused(a, "KvService/ListKeys", {"prefix": "k/"}, kv),
+        "Audit": await _refused(a, "MemoryService/Audit", {"agent_id": "ag"},
+                                (await a("MemoryService/List", page_size=1, agent_id="ag")).next_page_token),
         "prefix": await _refused(a, "KvService/List", {"prefix": "k"}, kv),
         "validity": await _refused(
             a, "MemoryService/List", {"agent_id": "ag", "validity": memory_pb2.MEMORY_VALIDITY_FILTER_ALL},

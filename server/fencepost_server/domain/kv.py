@@ -92,7 +92,8 @@ class KvStore:
     async def list(self, tenant: str, prefix: str, size: int, token: str, *, values: bool = True) -> Page:
         check_key(prefix, self.limits, "prefix", allow_empty=True)
         limit = page_size(self.limits, size)
-        listing = ("kv.list" if values else "kv.list_keys", prefix)
+        # List and ListKeys walk the same positions: a token of one resumes the other.
+        listing = ("kv.list", prefix)
         after = await self.pages.resume(tenant, listing, token)
         keys = TenantKeys(tenant)
         scoped_after = keys.kv(after) if after is not None else None
