@@ -213,7 +213,7 @@ def test_proto_comments_state_each_rpcs_roles() -> None:
             assert text.startswith("operator only"), (name, text)
         else:
             assert text.startswith("service and operator"), (name, text)
-    assert "MEMORY_TRUST_OPERATOR needs the operator role" in lines["MemoryService/Append"]
+    assert "the operator trust label (provenance.trust) needs the operator role" in lines["MemoryService/Append"]
 
 
 def test_readme_security_table_names_every_rpc_and_its_roles() -> None:

@@ -73,12 +73,13 @@ class MemoryServiceStub:
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
     (`supersedes` is not a live entry of this agent: re-read, do not retry);
-    PERMISSION_DENIED / PERMISSION_DENIED (a service token set
-    provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
-    operator; metadata `role`). Idempotent when retried with the same request_id.
-    Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
-    (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
-    operator may say that an operator said it).
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+    trust label: drop the label or ask an operator; metadata `role`).
+    Idempotent when retried with the same request_id.
+    Roles: service and operator; the operator trust label (provenance.trust)
+    needs the operator role (a service token gets PERMISSION_DENIED /
+    PERMISSION_DENIED and nothing is written: only an operator may say that
+    an operator said it).
     """
     List: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]
     """List returns live entries, oldest first. With `limit` it is the bounded
@@ -207,12 +208,13 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
     (`supersedes` is not a live entry of this agent: re-read, do not retry);
-    PERMISSION_DENIED / PERMISSION_DENIED (a service token set
-    provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
-    operator; metadata `role`). Idempotent when retried with the same request_id.
-    Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
-    (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
-    operator may say that an operator said it).
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+    trust label: drop the label or ask an operator; metadata `role`).
+    Idempotent when retried with the same request_id.
+    Roles: service and operator; the operator trust label (provenance.trust)
+    needs the operator role (a service token gets PERMISSION_DENIED /
+    PERMISSION_DENIED and nothing is written: only an operator may say that
+    an operator said it).
     """
     List: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]  # type: ignore[assignment]
     """List returns live entries, oldest first. With `limit` it is the bounded
@@ -344,12 +346,13 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
         (`supersedes` is not a live entry of this agent: re-read, do not retry);
-        PERMISSION_DENIED / PERMISSION_DENIED (a service token set
-        provenance.trust = MEMORY_TRUST_OPERATOR: drop the label or ask an
-        operator; metadata `role`). Idempotent when retried with the same request_id.
-        Roles: service and operator; provenance.trust = MEMORY_TRUST_OPERATOR needs the operator role
-        (a service token gets PERMISSION_DENIED / PERMISSION_DENIED and nothing is written: only an
-        operator may say that an operator said it).
+        PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+        trust label: drop the label or ask an operator; metadata `role`).
+        Idempotent when retried with the same request_id.
+        Roles: service and operator; the operator trust label (provenance.trust)
+        needs the operator role (a service token gets PERMISSION_DENIED /
+        PERMISSION_DENIED and nothing is written: only an operator may say that
+        an operator said it).
         """
 
     @_abc_1.abstractmethod
