@@ -11,10 +11,18 @@ ARGS   ?=
 
 .PHONY: run test check generate bench reliability setup clean docs
 
-$(STAMP): pyproject.toml
+# First set-up says what it is doing: one line, then pip's own progress when
+# the output is a terminal (quiet in CI logs and pipes).
+$(STAMP): pyproject.toml constraints.txt
+	@echo "fencepost: setting up $(VENV) — installing Python packages from constraints.txt (about a minute, once)"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-	$(PY) -c 'import fencepost, fencepost_server, grpc_tools, moto, aioboto3, hypothesis'
+	@if [ -t 1 ]; then \
+		$(PIP) install --progress-bar on -c constraints.txt -e '.[dev]'; \
+	else \
+		$(PIP) install -q -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true; \
+	fi
+	$(PY) -c 'import fencepost, fencepost_server, grpc_tools, moto, aioboto3, hypothesis, opentelemetry.sdk'
+	@echo "fencepost: set-up done"
 	touch $(STAMP)
 
 setup: $(STAMP)

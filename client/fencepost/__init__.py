@@ -7,6 +7,7 @@
 """
 
 from . import errors, journal, reasons
+from ._version import __version__
 from ._journal import ArchiveEntry, JournalContent
 from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
@@ -20,7 +21,7 @@ from .mirror import JournalMirror
 from .worker import SessionWorker, WorkerResult
 
 __all__ = [
-    "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
+    "__version__", "AsyncClient", "Client", "FencepostError", "RetryPolicy", "DEFAULT_RETRY", "NO_RETRY",
     "Entry", "CasResult", "TxnResult", "compare", "put_op", "delete_op",
     "EvalRun", "AbSample", "AbSnapshot",
     "author_kv", "encode_segment", "errors", "reasons",

@@ -17,6 +17,26 @@ from .errors import DeadlineExceeded, FencepostError, error_for
 
 _DETAILS_KEY = "grpc-status-details-bin"
 
+
+def _trace_injector() -> Callable[[dict[str, str]], None] | None:
+    """OpenTelemetry's `propagate.inject` (W3C `traceparent` by default,
+    whatever OTEL_PROPAGATORS names) when opentelemetry-api is installed;
+    the SDK does not require it. With no active span it adds nothing."""
+    try:
+        from opentelemetry import context, propagate
+    except ImportError:
+        return None
+    current, inject = context.get_current, propagate.inject
+
+    def inject_when_in_a_trace(carrier: dict[str, str]) -> None:
+        if current():  # an empty context (no span, no baggage) has nothing to send
+            inject(carrier)
+
+    return inject_when_in_a_trace
+
+
+_inject = _trace_injector()
+
 Metadata = Sequence[tuple[str, str]] | Mapping[str, str]
 
 
@@ -87,7 +107,12 @@ class Caller:
         self.retry = retry
 
     def _metadata(self, extra: Metadata | None) -> list[tuple[str, str]]:
-        return [*self.metadata, *_pairs(extra)]
+        md = [*self.metadata, *_pairs(extra)]
+        if _inject is not None:  # OpenTelemetry installed: the caller's trace continues on the server
+            carrier: dict[str, str] = {}
+            _inject(carrier)
+            md.extend(carrier.items())
+        return md
 
     async def call(
         self,

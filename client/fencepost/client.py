@@ -11,12 +11,13 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
 
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
+from ._env import resolve_target, resolve_tls, resolve_token
 from ._evals import EvalMethods
 from ._journal import JournalMethods
 from ._kv import KvMethods
@@ -42,11 +43,18 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
 
         async with fencepost.AsyncClient("127.0.0.1:50051") as fp:
             await fp.put("greeting", b"hello")
+
+    Left out, `target`, `token` and TLS come from the environment like the
+    CLI's (`FENCEPOST_ENDPOINT`, `FENCEPOST_TOKEN`, `FENCEPOST_TLS_CA`,
+    `FENCEPOST_TLS_CERT` / `FENCEPOST_TLS_KEY`, `FENCEPOST_TLS_SERVER_NAME`;
+    see `fencepost._env`), else 127.0.0.1:50051 in plaintext. Explicit
+    arguments win; `token=""` sends no token whatever the environment says.
+    `env` replaces `os.environ` as the source of those defaults.
     """
 
     def __init__(
         self,
-        target: str = "127.0.0.1:50051",
+        target: str | None = None,
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -55,11 +63,19 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
         retry: RetryPolicy = DEFAULT_RETRY,
         options: list[tuple[str, Any]] | None = None,
         channel: grpc.aio.Channel | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         md = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
+        token = resolve_token(token, env)
         if token:
             md.append(("authorization", f"Bearer {token}"))
         if channel is None:
+            target = resolve_target(target, env)
+            if credentials is None:
+                tls = resolve_tls(env=env)
+                if tls.enabled:
+                    credentials, tls_options = tls.credentials()
+                    options = [*(options or []), *tls_options]
             if credentials is not None:
                 channel = grpc.aio.secure_channel(target, credentials, options=options)
             else:
@@ -109,7 +125,7 @@ class Client:
     """Blocking fencepost client with the same methods and arguments as
     `AsyncClient` (generated from it). Async iterators become iterators."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", **kwargs: Any) -> None:
+    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
         self._runner = _LoopThread()
 
         async def make() -> AsyncClient:

@@ -56,6 +56,7 @@ from .domain.requests import RequestLog
 from .domain.schedule import Schedule
 from .observability import Metrics
 from .security import IdentityMap, build_authenticator
+from .startup import StartFailure
 from .storage import Storage, open_backend
 from .storage.counting import ObservedStorage
 
@@ -213,6 +214,8 @@ class App:
         self.auth = auth or DefaultTenantAuthenticator(settings.default_tenant)
         self.observer = observer or self.metrics
         raw = storage or open_backend(settings.backend_url())
+        #: how logs name the backend (a backend handed in by a test has no URL of its own)
+        self.backend_label = settings.backend_url() if storage is None or settings.backend else type(raw).__name__
         self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
         key_file = settings.page_token_key_file
         self.pages = (
@@ -226,8 +229,12 @@ class App:
         self._tasks: list[asyncio.Task[Any]] = []
         self._on_drain: list[Callable[[], Awaitable[None]]] = []
         self._draining = False
+        #: why the backend did not answer the last probe (None: it did)
+        self.backend_problem: str | None = None
 
     async def start(self) -> int:
+        """Bind, serve, and start the background loops. A failure leaves
+        nothing running (the caller still owns and closes the backend)."""
         opts = [
             ("grpc.max_receive_message_length", self.settings.max_receive_bytes),
             ("grpc.max_send_message_length", self.settings.max_receive_bytes),
@@ -246,14 +253,24 @@ class App:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        port = self._bind(server)
-        if port == 0:
-            raise OSError(f"cannot listen on {self.settings.listen}")
-        await server.start()
+        try:
+            port = self._bind(server)
+            if self.settings.metrics_listen:
+                self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+            await server.start()
+        except BaseException as exc:
+            self.metrics.stop()
+            await server.stop(0)
+            if isinstance(exc, (OSError, RuntimeError)):
+                raise StartFailure(f"cannot listen: {exc}") from exc
+            raise
         self.server, self.port = server, port
-        if self.settings.metrics_listen:
-            self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
-        await self._set_serving(True)
+        # Health starts as the backend answers now: NOT_SERVING (with the
+        # cause in the start-up line) until an unreachable backend answers.
+        self.backend_problem = await self._probe_once()
+        await self._set_serving(self.backend_problem is None)
+        if self.backend_problem is not None:
+            log.warning("backend %s not answering: %s", self.backend_label, self.backend_problem)
         loops = [*ctx.background, lambda: self._sweep_requests(ctx.requests), self._probe_backend]
         self._tasks = [asyncio.create_task(_guard(loop)) for loop in loops]
         return port
@@ -267,8 +284,12 @@ class App:
                 root_certificates=s.tls_client_ca.read_bytes() if s.tls_client_ca else None,
                 require_client_auth=bool(s.tls_client_ca),
             )
-            return server.add_secure_port(s.listen, creds)
-        return server.add_insecure_port(s.listen)
+            port = server.add_secure_port(s.listen, creds)
+        else:
+            port = server.add_insecure_port(s.listen)
+        if port == 0:
+            raise StartFailure(f"cannot listen on {s.listen}")
+        return port
 
     def reload_identities(self) -> None:
         """SIGHUP: re-read the tokens file and SPIFFE map."""
@@ -280,18 +301,35 @@ class App:
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
+    async def _probe_once(self) -> str | None:
+        """None when the backend answers a cheap probe, else why not. (The
+        first call may open connections: never less than 5 s to answer.)"""
+        timeout = max(self.settings.health_probe_seconds, 5.0)
+        try:
+            await asyncio.wait_for(self.storage.ping(), timeout=timeout)
+        except asyncio.TimeoutError:
+            return f"no answer within {timeout:g}s"
+        except Exception as exc:  # any failure means "not serving"
+            return str(exc) or type(exc).__name__
+        return None
+
     async def _probe_backend(self) -> None:
-        """Health follows the backend: NOT_SERVING while a cheap probe fails."""
-        healthy = True
+        """Health follows the backend: NOT_SERVING while the probe fails.
+        Logged when it changes, and while it stays down at most once per
+        `backend_warning_seconds` (an outage is not a log flood)."""
+        healthy = self.backend_problem is None
+        warned_at = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.health_probe_seconds)
-            try:
-                await asyncio.wait_for(self.storage.ping(), timeout=self.settings.health_probe_seconds)
-                ok = True
-            except Exception as exc:  # any failure means "not serving"
-                ok = False
-                if healthy:
-                    log.warning("backend probe failed: %s", exc)
+            problem = await self._probe_once()
+            now = time.monotonic()
+            if problem is not None and (healthy or now - warned_at >= self.settings.backend_warning_seconds):
+                log.warning("backend %s not answering: %s", self.backend_label, problem)
+                warned_at = now
+            elif problem is None and not healthy:
+                log.warning("backend %s answers again; serving", self.backend_label)
+            ok = problem is None
+            self.backend_problem = problem
             if ok != healthy and not self._draining:
                 healthy = ok
                 await self._set_serving(ok)

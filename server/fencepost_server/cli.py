@@ -11,34 +11,69 @@ import sys
 from pathlib import Path
 
 from fencepost.cli import register as register_client_commands
+from fencepost.cli.args import (
+    Parser,
+    add_version_flag,
+    host_port,
+    log_level,
+    non_negative_seconds,
+    positive_int,
+    readable_file,
+)
 
-from . import cli_dynamodb
+from . import __version__, cli_dynamodb, tracing
 from .config import Settings
+from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
+
+log = logging.getLogger("fencepost")
+
+
+class Exit:
+    """Exit codes of `fencepost serve` (docs/cli.md; the client subcommands
+    have their own table, `fencepost.cli.Exit`)."""
+
+    OK = 0
+    ERROR = 1  # an unexpected failure (the traceback is logged with --log-level DEBUG)
+    USAGE = 2  # a flag or configuration file that cannot work (argparse's own code)
+    START_FAILED = 3  # valid configuration, but this machine cannot run it: port taken, state root unusable
+    INTERRUPTED = 130
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the gRPC server")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="host:port (default %(default)s)")
-    p.add_argument("--state-root", default=".fencepost", type=Path, help="where the SQLite file lives")
-    p.add_argument("--backend", default=None, help="backend URL (memory://, sqlite:///path, dynamodb://TABLE?...)")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight RPCs on shutdown")
-    p.add_argument("--max-receive-bytes", type=int, default=8 * 1024 * 1024)
+    p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server",
+                       epilog="exit codes: 0 stopped, 1 unexpected failure, 2 a flag or configuration file "
+                              "that cannot work, 3 cannot start here (port in use, state root unusable); "
+                              "see docs/cli.md")
+    p.add_argument("--listen", type=host_port, metavar="HOST:PORT", default="127.0.0.1:50051",
+                   help="HOST:PORT to serve gRPC on, PORT 1..65535 or 0 for any free one (default %(default)s)")
+    p.add_argument("--state-root", default=".fencepost", type=Path, metavar="DIR",
+                   help="directory of the default SQLite backend's fencepost.db (default %(default)s)")
+    p.add_argument("--backend", default=None, metavar="URL",
+                   help="backend URL: memory://, sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R "
+                        "(default: sqlite under --state-root)")
+    p.add_argument("--grace", type=non_negative_seconds, metavar="SECONDS", default=10.0,
+                   help="seconds >= 0 to drain in-flight RPCs on shutdown (default %(default)s)")
+    p.add_argument("--max-receive-bytes", type=positive_int, metavar="BYTES", default=8 * 1024 * 1024,
+                   help="largest request or response message in bytes (default %(default)s)")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
-    sec.add_argument("--tokens-file", type=Path, help="JSON file of SHA-256 token hashes -> tenant + role")
-    sec.add_argument("--spiffe-map", type=Path, help="JSON file of SPIFFE ids -> tenant + role")
-    sec.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
-    sec.add_argument("--tls-key", type=Path, help="server private key (PEM)")
-    sec.add_argument("--tls-client-ca", type=Path, help="CA for client certificates: turns on mTLS")
+    sec.add_argument("--tokens-file", type=readable_file, metavar="FILE", help="JSON file of SHA-256 token hashes -> tenant + role")
+    sec.add_argument("--spiffe-map", type=readable_file, metavar="FILE", help="JSON file of SPIFFE ids -> tenant + role")
+    sec.add_argument("--tls-cert", type=readable_file, metavar="PEM", help="server certificate (PEM)")
+    sec.add_argument("--tls-key", type=readable_file, metavar="PEM", help="server private key (PEM)")
+    sec.add_argument("--tls-client-ca", type=readable_file, metavar="PEM", help="CA for client certificates: turns on mTLS")
     sec.add_argument("--trust-xfcc", action="store_true",
                      help="trust the sidecar's x-forwarded-client-cert header (mesh-terminated mTLS)")
-    sec.add_argument("--page-token-key-file", type=Path,
+    sec.add_argument("--page-token-key-file", type=readable_file, metavar="FILE",
                      help="64 hex digits keying page tokens (default: a key kept in the backend)")
-    p.add_argument("--metrics-listen", help="host:port for Prometheus /metrics (off by default)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback --listen without authentication (never in production)")
-    p.add_argument("--log-level", default="INFO")
+    sec.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback --listen without authentication (never in production)")
+    obs = p.add_argument_group("observability (tracing: the standard OTEL_* variables, see README)")
+    obs.add_argument("--metrics-listen", type=host_port, metavar="HOST:PORT", help="HOST:PORT for Prometheus /metrics (off by default)")
+    obs.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
+    obs.add_argument("--log-level", type=log_level, default="INFO", metavar="LEVEL",
+                     help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO); DEBUG also prints "
+                          "the traceback of a failed start")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
     p.set_defaults(func=_cmd_serve)
 
@@ -62,24 +97,29 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(settings: Settings, *, create_table: bool = False) -> int:
+async def serve(settings: Settings, *, create_table: bool = False, tracing_line: str | None = None) -> int:
     from .app import App
 
-    app = App(settings)
-    if create_table:
-        from .cli_dynamodb import ensure_table
+    app = App(settings, storage=open_storage(settings))
+    try:
+        if create_table:
+            from .cli_dynamodb import ensure_table
 
-        await ensure_table(app.storage)
-    port = await app.start()
+            await ensure_table(app.storage)
+        port = await app.start()
+    except BaseException:
+        await app.storage.close()
+        raise
     # Everything built so far lives as long as the process: keep it out of the
     # collector's scans so per-call garbage collection stays cheap.
     gc.freeze()
     host = settings.listen.rsplit(":", 1)[0]
     describe = getattr(app.auth, "describe", lambda: "authentication configured")()
-    print(
-        f"fencepost serving on {host}:{port} — backend {settings.backend_url()} — {describe}",
-        flush=True,
-    )
+    backend = settings.backend_url()
+    if app.backend_problem:
+        backend += f" (NOT SERVING until it answers: {app.backend_problem})"
+    extra = f" — {tracing_line}" if tracing_line else ""
+    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,26 +132,47 @@ async def serve(settings: Settings, *, create_table: bool = False) -> int:
     print("fencepost draining…", flush=True)
     await app.stop()
     print("fencepost stopped", flush=True)
-    return 0
+    return Exit.OK
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
+def _preflight(args: argparse.Namespace) -> Settings:
+    """Every check that needs no running server: flags together, files,
+    then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
-    if not settings.listen_is_loopback() and not settings.auth_configured() and not args.insecure:
-        print(
-            f"fencepost: refusing to listen on {settings.listen} without authentication; "
-            "configure authentication or pass --insecure",
-            file=sys.stderr,
-        )
-        return 2
+    check_config(settings, insecure=args.insecure)
+    if args.create_table and not (settings.backend or "").startswith("dynamodb://"):
+        raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
+    check_listen(settings.listen, "--listen")
+    if settings.metrics_listen:
+        check_listen(settings.metrics_listen, "--metrics-listen")
+    return settings
+
+
+def _install_event_loop(settings: Settings) -> None:
     if settings.uvloop:
         try:
             import uvloop
 
             uvloop.install()
         except ImportError:
-            print("--uvloop given but uvloop is not installed; using asyncio", file=sys.stderr)
-    return asyncio.run(serve(settings, create_table=args.create_table))
+            log.warning("--uvloop given but uvloop is not installed; using asyncio")
+
+
+def _tracing_from_env() -> str | None:
+    try:
+        return tracing.configure_from_env()
+    except tracing.TracingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    settings = _preflight(args)
+    tracing_line = _tracing_from_env()
+    _install_event_loop(settings)
+    try:
+        return asyncio.run(serve(settings, create_table=args.create_table, tracing_line=tracing_line))
+    finally:
+        tracing.shutdown()
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
@@ -143,7 +204,8 @@ def _cmd_hash_token(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fencepost", description="durable state for agent runtimes")
+    parser = Parser(prog="fencepost", description="durable state for agent runtimes")
+    add_version_flag(parser, server=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _hash_token_parser(sub)
@@ -160,13 +222,30 @@ def _configure_logging(args: argparse.Namespace) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), handlers=[handler])
+    logging.basicConfig(level=getattr(args, "log_level", "WARNING"), handlers=[handler])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or Exit.OK)
+    except ConfigError as exc:
+        return _failed(exc, Exit.USAGE)
+    except StartFailure as exc:
+        return _failed(exc, Exit.START_FAILED)
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+    except Exception as exc:  # the last resort: one line, the traceback only at DEBUG
+        return _failed(exc, Exit.ERROR, f"unexpected {type(exc).__name__}: ")
+
+
+def _failed(exc: BaseException, code: int, prefix: str = "") -> int:
+    """One line on stderr (`fencepost: error: ...`); the traceback is logged
+    only when --log-level DEBUG asked for it."""
+    log.debug("failed", exc_info=exc)
+    print(f"fencepost: error: {prefix}{exc}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -43,9 +43,11 @@ def _cmd_create_table(args: argparse.Namespace) -> int:
 
 async def ensure_table(storage: object) -> None:
     """`serve --create-table`: create the backend's table when it is DynamoDB."""
+    from .startup import ConfigError
+
     create = getattr(storage, "create_table", None)
     if create is None:
-        raise SystemExit("--create-table needs a dynamodb:// backend")
+        raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
     created = await create()
     if created:
         print(f"created DynamoDB table {getattr(storage, 'table', '?')}", flush=True)

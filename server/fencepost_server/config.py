@@ -21,6 +21,7 @@ class Settings:
     max_receive_bytes: int = 8 * 1024 * 1024
     default_tenant: str = "default"
     health_probe_seconds: float = 5.0
+    backend_warning_seconds: float = 60.0  # while the backend stays down, warn at most this often
     request_sweep_seconds: float = 600.0
     uvloop: bool = False
     eval_history_window: int = 50  # ListEvalRuns keeps this many newest runs per agent

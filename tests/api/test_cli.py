@@ -63,7 +63,7 @@ async def test_kv_get_put_del_ls_cas(srv: RunningServer) -> None:
     got = await cli(srv, "kv", "get", "app/greeting", "--json")
     assert got.rc == 0 and got.json() == {"key": "app/greeting", "version": version, "value": "hello",
                                           "value_b64": "aGVsbG8="}
-    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello\n"
+    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello"  # the bytes, no newline added
 
     assert (await cli(srv, "kv", "put", "app/other", "x")).rc == 0
     listed = await cli(srv, "kv", "ls", "app/", "--json")
@@ -80,7 +80,7 @@ async def test_kv_get_put_del_ls_cas(srv: RunningServer) -> None:
     assert refused.rc == Exit.NOT_APPLIED == 4
     assert refused.json() == {"key": "app/greeting", "applied": False, "version": version}
     assert (await cli(srv, "kv", "cas", "app/greeting", "new", "--absent")).rc == Exit.NOT_APPLIED
-    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello\n"
+    assert (await cli(srv, "kv", "get", "app/greeting")).out == "hello"  # the bytes, no newline added
     applied = await cli(srv, "kv", "cas", "app/greeting", "new", "--expect", version, "--json")
     assert applied.rc == 0 and applied.json()["applied"] is True and applied.json()["version"] != version
     new_version = applied.json()["version"]
@@ -207,7 +207,7 @@ async def test_journal_append_and_read(srv: RunningServer) -> None:
     assert records[1]["at"]  # filled in with now
     assert "reading journal: " in tty.getvalue()
     table = await cli(srv, "journal", "read", "agent-j")
-    assert table.out.splitlines()[0].split() == ["AT", "SESSION", "STATUS", "TITLE"]
+    assert table.out.splitlines()[0].split() == ["AT", "SESSION", "STATUS", "TITLE", "USER", "MESSAGE"]
     assert "first turn" in table.out
     raw = await cli(srv, "journal", "read", "agent-j", "--raw")
     assert [json.loads(line) for line in raw.out.splitlines()] == records
@@ -355,7 +355,16 @@ async def test_tls_flags_token_and_denied_exit_7(tmp_path: Path) -> None:
         out = io.StringIO()
         rc = await amain(["kv", "get", "k", *tls], stdout=out, stderr=io.StringIO(),
                          env={"FENCEPOST_ENDPOINT": target, "FENCEPOST_TOKEN": "token-tenant-a"})
-        assert rc == 0 and out.getvalue() == "v\n"
+        assert rc == 0 and out.getvalue() == "v"
+        # the same TLS settings from the environment alone (the SDK's variables)
+        out = io.StringIO()
+        tls_env = {"FENCEPOST_ENDPOINT": target, "FENCEPOST_TOKEN": "token-tenant-a",
+                   "FENCEPOST_TLS_CA": str(tmp_path / "ca.pem"), "FENCEPOST_TLS_CERT": str(tmp_path / "client.pem"),
+                   "FENCEPOST_TLS_KEY": str(tmp_path / "client.key"), "FENCEPOST_TLS_SERVER_NAME": "localhost"}
+        rc = await amain(["kv", "get", "k"], stdout=out, stderr=io.StringIO(), env=tls_env)
+        assert rc == 0 and out.getvalue() == "v"
+        async with fencepost.AsyncClient(env=tls_env) as fp:
+            assert (await fp.get("k")).value == b"v"  # type: ignore[union-attr]
         denied = await cli(target, "kv", "get", "k", *tls, "--token", "wrong", "--json")
         assert denied.rc == Exit.DENIED == 7
         assert json.loads(denied.err)["error"]["code"] == "UNAUTHENTICATED"

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 from . import journal, kv, ledger, memory
+from .args import Parser, add_version_flag
 from ._common import DEFAULT_ENDPOINT, ENV_ENDPOINT, ENV_TOKEN, Exit, LeafParser, common_parser, exit_code_for, run
 
 __all__ = ["Exit", "register", "build_parser", "main", "amain", "exit_code_for",
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="fencepost operator CLI (client side)")
+    parser = Parser(prog=prog, description="fencepost operator CLI (client side)")
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
     return parser

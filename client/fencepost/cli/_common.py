@@ -15,16 +15,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from .. import errors
+from .._env import (
+    DEFAULT_ENDPOINT,
+    ENV_ENDPOINT,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_TLS_SERVER_NAME,
+    ENV_TOKEN,
+    ConnectionConfigError,
+    resolve_target,
+    resolve_tls,
+    resolve_token,
+)
 from ..client import AsyncClient
-
-DEFAULT_ENDPOINT = "127.0.0.1:50051"
-ENV_ENDPOINT = "FENCEPOST_ENDPOINT"
-ENV_TOKEN = "FENCEPOST_TOKEN"
+from .args import Parser, positive_seconds
 
 
 class Exit:
@@ -104,6 +113,20 @@ class Out:
         self.stdout.write(fmt.format(*headers).rstrip() + "\n")
         for row in rows:
             self.stdout.write(fmt.format(*row).rstrip() + "\n")
+
+    def raw(self, data: bytes) -> None:
+        """Bytes exactly as they are, to stdout's byte stream. Only on a
+        terminal is a newline added after a value that lacks one (so the
+        prompt does not run on); pipes and files get the bytes alone."""
+        self.stdout.flush()
+        buffer = getattr(self.stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (in-process callers): lossless for any bytes
+            self.stdout.write(data.decode("utf-8", "surrogateescape"))
+        else:
+            buffer.write(data)
+            buffer.flush()
+        if data and not data.endswith(b"\n") and _isatty(self.stdout):
+            self.stdout.write("\n")
 
     def note(self, message: str) -> None:
         self.stderr.write(message + "\n")
@@ -213,7 +236,7 @@ def read_input(value: str | None, file: Path | None, stdin: IO[bytes] | None = N
     return value.encode("utf-8")
 
 
-class LeafParser(argparse.ArgumentParser):
+class LeafParser(Parser):
     """A subcommand's parser that takes options and positionals in any order
     (`deliver AGENT --key K PAYLOAD`), which plain argparse does not when a
     positional is optional."""
@@ -237,38 +260,37 @@ def common_parser() -> argparse.ArgumentParser:
     g.add_argument("--endpoint", default=None,
                    help=f"host:port of the server (env {ENV_ENDPOINT}; default {DEFAULT_ENDPOINT})")
     g.add_argument("--token", default=None, help=f"bearer token (env {ENV_TOKEN})")
-    g.add_argument("--tls-ca", type=Path, help="CA bundle (PEM) that signed the server certificate: turns on TLS")
-    g.add_argument("--tls-cert", type=Path, help="client certificate (PEM), for mTLS")
-    g.add_argument("--tls-key", type=Path, help="client private key (PEM), for mTLS")
-    g.add_argument("--tls-server-name", help="name to check the server certificate against (SNI override)")
-    g.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds (default %(default)s)")
+    g.add_argument("--tls-ca", type=Path,
+                   help=f"CA bundle (PEM) that signed the server certificate: turns on TLS (env {ENV_TLS_CA})")
+    g.add_argument("--tls-cert", type=Path, help=f"client certificate (PEM), for mTLS (env {ENV_TLS_CERT})")
+    g.add_argument("--tls-key", type=Path, help=f"client private key (PEM), for mTLS (env {ENV_TLS_KEY})")
+    g.add_argument("--tls-server-name",
+                   help=f"name to check the server certificate against (SNI override; env {ENV_TLS_SERVER_NAME})")
+    g.add_argument("--timeout", type=positive_seconds, default=10.0,
+                   help="per-call deadline in seconds, > 0 (default %(default)s)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true",
-                   help="machine-readable output: one JSON document (JSON lines for streams)")
+                   help="machine-readable output: one JSON document (JSON lines for streams); "
+                        "bytes as UTF-8 text (null if not UTF-8) plus base64 in *_b64")
     o.add_argument("--no-progress", action="store_true", help="never draw the progress line on stderr")
     return p
 
 
 def connect(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AsyncClient:
+    """The client for the connection flags, each falling back to its
+    environment variable (the SDK's own rules, `fencepost._env`)."""
     env = os.environ if env is None else env
-    endpoint = args.endpoint or env.get(ENV_ENDPOINT) or DEFAULT_ENDPOINT
-    token = args.token if args.token is not None else env.get(ENV_TOKEN) or None
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise UsageError("--tls-cert and --tls-key go together")
+    tls = resolve_tls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, server_name=args.tls_server_name,
+                      env=env)
     credentials = None
     options: list[tuple[str, Any]] = []
-    tls = args.tls_ca or args.tls_cert or args.tls_server_name
-    if tls:
+    if tls.enabled:
         try:
-            root = args.tls_ca.read_bytes() if args.tls_ca else None
-            key = args.tls_key.read_bytes() if args.tls_key else None
-            cert = args.tls_cert.read_bytes() if args.tls_cert else None
-        except OSError as exc:
-            raise UsageError(f"cannot read a TLS file: {exc}") from exc
-        credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
-        if args.tls_server_name:
-            options.append(("grpc.ssl_target_name_override", args.tls_server_name))
-    return AsyncClient(endpoint, token=token, credentials=credentials, timeout=args.timeout, options=options or None)
+            credentials, options = tls.credentials()
+        except ConnectionConfigError as exc:
+            raise UsageError(str(exc)) from exc
+    return AsyncClient(resolve_target(args.endpoint, env), token=resolve_token(args.token, env) or "",
+                       credentials=credentials, timeout=args.timeout, options=options or None, env=env)
 
 
 Handler = Callable[[AsyncClient, argparse.Namespace, Out], Awaitable[int | None]]

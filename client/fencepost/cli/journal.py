@@ -91,9 +91,11 @@ async def _read(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     rows = []
     for line in lines:
         rec = json.loads(line)
+        # a record without a title shows "-" there; the user's message has its own column
         rows.append([rec.get("at"), clip(str(rec.get("sessionId", "")), 24), rec.get("status"),
-                     clip(str(rec.get("title") or rec.get("userMessage") or ""), 50)])
-    out.table(["AT", "SESSION", "STATUS", "TITLE"], rows)
+                     clip(str(rec["title"]), 40) if rec.get("title") else None,
+                     clip(str(rec["userMessage"]), 40) if rec.get("userMessage") else None])
+    out.table(["AT", "SESSION", "STATUS", "TITLE", "USER MESSAGE"], rows)
     return Exit.OK
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..client import AsyncClient
+from .args import non_negative_int
 from ._common import Exit, Miss, Out, UsageError, add_command, blob, clip, read_input, show_bytes
 
 
@@ -13,8 +14,10 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     kv = sub.add_parser("kv", help="read and write keys (KvService)", description="read and write keys")
     cmds = kv.add_subparsers(dest="kv_command", required=True, metavar="COMMAND", parser_class=parser_class)
 
-    p = add_command(cmds, "get", _get, "print a key's value (exit 3 when absent)", parents)
+    p = add_command(cmds, "get", _get, "write a key's value, its exact bytes, to stdout or --out FILE "
+                    "(exit 3 when absent); --json prints a document with the value base64-encoded", parents)
     p.add_argument("key")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the value's bytes to FILE instead of stdout")
 
     p = add_command(cmds, "put", _put, "write a key; prints the new version", parents)
     p.add_argument("key")
@@ -27,7 +30,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p = add_command(cmds, "ls", _ls, "list keys under a prefix, in key order", parents)
     p.add_argument("prefix", nargs="?", default="")
     p.add_argument("--keys-only", action="store_true", help="list keys only (no values fetched)")
-    p.add_argument("--limit", type=int, default=0, help="stop after N entries (0: all)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="stop after N entries (0: all)")
 
     p = add_command(cmds, "cas", _cas, "compare-and-set: write (or delete) only if the key is at a version "
                     "(exit 4 when not applied)", parents)
@@ -44,7 +47,14 @@ async def _get(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
     entry = await fp.get(args.key)
     if entry is None:
         raise Miss(f"key {args.key!r} not found")
-    out.emit({"key": entry.key, "version": entry.version, **blob(entry.value)}, text=show_bytes(entry.value))
+    if args.out is not None:
+        args.out.write_bytes(entry.value)
+        if out.json:
+            out.emit({"key": entry.key, "version": entry.version, "bytes": len(entry.value), "out": str(args.out)})
+    elif out.json:
+        out.emit({"key": entry.key, "version": entry.version, **blob(entry.value)})
+    else:
+        out.raw(entry.value)
     return Exit.OK
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._ledger import Lease, SessionInfo
 from ..client import AsyncClient
+from .args import non_negative_int, non_negative_seconds, positive_int, positive_seconds
 from ._common import Exit, Miss, Out, UsageError, add_command, blob, clip, read_input, show_bytes, stamp
 
 
@@ -19,15 +20,16 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 
     p = add_command(cmds, "sessions", _sessions, "an agent's recent sessions, newest activity first", parents)
     p.add_argument("agent")
-    p.add_argument("--max", type=int, default=0, dest="max_sessions", help="at most N sessions (0: server default)")
+    p.add_argument("--max", type=non_negative_int, default=0, dest="max_sessions",
+                   help="at most N sessions (0: server default)")
 
     p = add_command(cmds, "show", _show, "a session's head: seq, lease, pending events", parents)
     _target(p)
 
     p = add_command(cmds, "log", _log, "a session's committed records, in seq order", parents)
     _target(p)
-    p.add_argument("--from", type=int, default=1, dest="from_seq", help="first seq (default 1)")
-    p.add_argument("--limit", type=int, default=0, help="at most N records (0: all)")
+    p.add_argument("--from", type=positive_int, default=1, dest="from_seq", help="first seq (default 1)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="at most N records (0: all)")
 
     p = add_command(cmds, "inbox", _inbox, "a session's pending inbox events, in arrival order", parents)
     _target(p)
@@ -42,14 +44,14 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--file", type=Path, help="read the event from a file")
     p.add_argument("--dedupe-key", default="", help="redeliveries with this key park nothing new")
     p.add_argument("--try-lease", default="", metavar="HOLDER", help="also try to take the lease for HOLDER")
-    p.add_argument("--ttl", type=float, help="lease ttl in seconds (with --try-lease)")
+    p.add_argument("--ttl", type=positive_seconds, help="lease ttl in seconds (with --try-lease)")
 
     p = add_command(cmds, "claim", _claim, "claim an orphaned session with a fresh lease (exit 3 when none)",
                     parents)
     p.add_argument("holder", help="the holder id the lease is granted to")
     p.add_argument("--agent", default="", help="only this agent's sessions")
-    p.add_argument("--ttl", type=float, help="lease ttl in seconds")
-    p.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
+    p.add_argument("--ttl", type=positive_seconds, help="lease ttl in seconds")
+    p.add_argument("--wait", type=non_negative_seconds, default=0.0, help="long-poll up to this many seconds")
 
 
 def _target(p: argparse.ArgumentParser) -> None:
@@ -84,7 +86,12 @@ def session_doc(info: SessionInfo) -> dict[str, Any]:
 
 def _session_text(doc: dict[str, Any]) -> str:
     lease = doc["lease"]
-    state = "live" if lease["live"] else "released" if lease["released"] else "expired" if lease["generation"] else "none"
+    if lease["live"]:
+        state = "live"
+    elif not lease["generation"]:
+        state = "never leased"  # generation 0: no holder has ever had it (not "released")
+    else:
+        state = "released" if lease["released"] else "expired"
     rows = [
         ("session", doc["session_id"]), ("agent", doc["agent"]), ("key", doc["session_key"]),
         ("seq", doc["seq"]), ("pending", doc["pending"]),

@@ -1,30 +1,47 @@
-"""`fencepost memory list|search|pin|unpin|pinned|forget|topics` (agent memory)."""
+"""`fencepost memory append|list|search|pin|unpin|pinned|forget|topics` (agent memory)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from .._memory import STRATEGIES
+from .._memory import KINDS, STRATEGIES, TRUST
 from ..client import AsyncClient
 from ..v1 import memory_pb2 as pb
-from ._common import Exit, Miss, Out, UsageError, add_command, clip, message_dict
+from .args import non_negative_int
+from ._common import Exit, Miss, Out, UsageError, add_command, clip, message_dict, read_input
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser], parser_class: type) -> None:
-    memory = sub.add_parser("memory", help="inspect an agent's memory (MemoryService)",
-                            description="inspect an agent's memory")
+    memory = sub.add_parser("memory", help="write and inspect an agent's memory (MemoryService)",
+                            description="write and inspect an agent's memory")
     cmds = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND", parser_class=parser_class)
+
+    p = add_command(cmds, "append", _append, "remember a fact; prints the new entry's id", parents)
+    p.add_argument("agent")
+    p.add_argument("content", nargs="?", help="the fact (UTF-8 text); '-' reads stdin")
+    p.add_argument("--file", type=Path, help="read the fact from a file")
+    p.add_argument("--kind", choices=sorted(KINDS), help="what sort of fact it is")
+    p.add_argument("--about", action="append", default=[], metavar="ENTITY",
+                   help="an entity the fact concerns (repeatable)")
+    p.add_argument("--supersedes", metavar="ENTRY_ID", help="the entry this one replaces")
+    p.add_argument("--valid-from", type=_when, metavar="TIME", help="when the fact starts holding (ISO 8601)")
+    p.add_argument("--valid-until", type=_when, metavar="TIME", help="when the fact stops holding (ISO 8601)")
+    p.add_argument("--trust", choices=sorted(TRUST), help="where the fact came from (default: the server's)")
+    p.add_argument("--metadata", type=_json_object, metavar="JSON", help="a JSON object to attach")
 
     p = add_command(cmds, "list", _list, "live entries, oldest first", parents)
     p.add_argument("agent")
-    p.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="at most N entries (0: all)")
     p.add_argument("--all-validity", action="store_true", help="include entries outside their validity window")
 
     p = add_command(cmds, "search", _search, "live entries matching every query token (newest first, or --strategy)", parents)
     p.add_argument("agent")
     p.add_argument("query")
-    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--limit", type=non_negative_int, default=0, help="at most N entries (0: the server default)")
     p.add_argument("--strategy", choices=sorted(STRATEGIES))
 
     p = add_command(cmds, "pin", _pin, "pin an entry (exit 4 when the pin is refused)", parents)
@@ -46,6 +63,38 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 
     p = add_command(cmds, "topics", _topics, "the agent's topic index", parents)
     p.add_argument("agent")
+
+
+def _when(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time (2026-01-31T12:00:00Z), got {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object ({{\"k\": \"v\"}}), got {text!r}")
+    return doc
+
+
+async def _append(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    data = read_input(args.content, args.file)
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError("a memory entry is UTF-8 text; the content is not") from None
+    entry = await fp.memory_append(
+        args.agent, content, kind=args.kind, about=args.about, supersedes=args.supersedes,
+        valid_from=args.valid_from, valid_until=args.valid_until, trust=args.trust, metadata=args.metadata,
+    )
+    out.emit(message_dict(entry), text=entry.id)
+    return Exit.OK
 
 
 def _kind(entry: pb.MemoryEntry) -> str:

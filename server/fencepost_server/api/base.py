@@ -24,6 +24,7 @@ from grpc_status import rpc_status
 
 from fencepost import reasons
 
+from .. import tracing
 from ..domain.errors import Code, DomainError, PermissionDenied
 from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
 
@@ -126,13 +127,26 @@ def _method_name(fn: Callable[..., Any]) -> str:
     return fn.__qualname__.replace("Servicer.", "/")
 
 
+def _rpc_names(fn: Callable[..., Any]) -> tuple[str, str]:
+    """("fencepost.v1.KvService", "Put") for `KvServicer.Put`."""
+    cls, _, method = fn.__qualname__.rpartition(".")
+    return f"fencepost.v1.{cls.removesuffix('Servicer')}Service", method
+
+
+def _end_span(span: tracing.RpcSpan, outcome: tuple[str, str]) -> None:
+    who = caller_or_none()
+    span.end(outcome[0], outcome[1], who.tenant if who else None)
+
+
 def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
     name = _method_name(fn)
+    service, method = _rpc_names(fn)
 
     @functools.wraps(fn)
     async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         outcome = _OK
+        span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
             _caller.set(self.auth.identify(context))
             return await fn(self, request, context)
@@ -141,17 +155,21 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
             await context.abort_with_status(rpc_status.to_status(status))
         finally:
             self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
+            if span is not None:
+                _end_span(span, outcome)
 
     return wrapper
 
 
 def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:
     name = _method_name(fn)
+    service, method = _rpc_names(fn)
 
     @functools.wraps(fn)
     async def wrapper(self: ServicerBase, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = time.perf_counter()
         outcome = _OK
+        span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
             _caller.set(self.auth.identify(context))
             async for item in fn(self, request, context):
@@ -161,6 +179,8 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
             await context.abort_with_status(rpc_status.to_status(status))
         finally:
             self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
+            if span is not None:
+                _end_span(span, outcome)
 
     return wrapper
 

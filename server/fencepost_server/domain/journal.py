@@ -46,6 +46,7 @@ from .errors import InvalidArgument, NotFound, backend_unavailable, limit_error
 from .keys import TenantKeys
 from .limits import Limits
 from .paging import PageTokens, page_size
+from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.journal")
 
@@ -234,6 +235,7 @@ class Journal:
         self.ids = IdSource(clock)
         # (tenant, agent) -> [monotonic time of the first unflushed append, bytes]
         self.dirty: dict[tuple[str, str], list[float]] = {}
+        self._flush_warning = ThrottledWarning(log, "journal flush")
         self._wake = asyncio.Event()
         self._owner = itertools.count()
 
@@ -456,8 +458,10 @@ class Journal:
             try:
                 out = await self.flush(tenant, agent)
             except Exception as exc:
-                log.warning("journal flush of %r failed: %s", agent, exc)
+                self._flush_warning.failed(f"{agent!r}: {exc}")
                 out = FlushOutcome(0, 0, True)
+            else:
+                self._flush_warning.ok()
             if out.skipped and slot is not None:  # try again later; keep what was counted
                 cur = self.dirty.setdefault((tenant, agent), [time.monotonic(), 0.0])
                 cur[1] += slot[1]

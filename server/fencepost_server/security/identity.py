@@ -47,6 +47,29 @@ def _identity(entry: dict[str, str], subject: str, where: str) -> Identity:
     return Identity(tenant, role, subject)
 
 
+_TOKENS_SHAPE = '{"tokens": [{"name", "sha256", "tenant", "role"}, ...]}'
+_SPIFFE_SHAPE = '{"spiffe": [{"id", "tenant", "role"}, ...]}'
+
+
+def _entries(path: Path, key: str, shape: str) -> list[dict[str, str]]:
+    """The list under `key`, or ValueError saying what the file should hold."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected {shape}") from None
+    entries = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{path}: expected {shape}")
+    return entries
+
+
+def _field(entry: dict[str, str], name: str, n: int, where: str, shape: str) -> str:
+    value = entry.get(name)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: entry {n} has no {name!r}; expected {shape}")
+    return value
+
+
 class IdentityMap:
     def __init__(self, tokens_file: Path | None = None, spiffe_file: Path | None = None) -> None:
         self.tokens_file = tokens_file
@@ -69,19 +92,28 @@ class IdentityMap:
 
     def _load_tokens(self) -> list[tuple[bytes, Identity]]:
         assert self.tokens_file is not None
-        data = json.loads(self.tokens_file.read_text())
+        where = str(self.tokens_file)
         out = []
-        for entry in data["tokens"]:
-            digest = bytes.fromhex(entry["sha256"])
+        for n, entry in enumerate(_entries(self.tokens_file, "tokens", _TOKENS_SHAPE)):
+            name = entry.get("name", "token")
+            hexdigest = _field(entry, "sha256", n, where, _TOKENS_SHAPE)
+            try:
+                digest = bytes.fromhex(hexdigest)
+            except ValueError:
+                raise ValueError(f"{where}: sha256 of {name!r} is not hex (fencepost hash-token makes one)") from None
             if len(digest) != 32:
-                raise ValueError(f"{self.tokens_file}: sha256 of {entry.get('name')!r} is not 32 bytes")
-            out.append((digest, _identity(entry, entry.get("name", "token"), str(self.tokens_file))))
+                raise ValueError(f"{where}: sha256 of {name!r} is not 32 bytes")
+            out.append((digest, _identity(entry, name, where)))
         return out
 
     def _load_spiffe(self) -> dict[str, Identity]:
         assert self.spiffe_file is not None
-        data = json.loads(self.spiffe_file.read_text())
-        return {e["id"]: _identity(e, e["id"], str(self.spiffe_file)) for e in data["spiffe"]}
+        where = str(self.spiffe_file)
+        out = {}
+        for n, entry in enumerate(_entries(self.spiffe_file, "spiffe", _SPIFFE_SHAPE)):
+            spiffe_id = _field(entry, "id", n, where, _SPIFFE_SHAPE)
+            out[spiffe_id] = _identity(entry, spiffe_id, where)
+        return out
 
     def by_token(self, token: str) -> Identity | None:
         """Constant-time: every stored hash is compared, with no early exit."""

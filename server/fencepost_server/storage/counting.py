@@ -1,6 +1,7 @@
 """Wrappers that observe every backend round trip: `ObservedStorage` calls a
-hook with (operation, seconds, error) after each call; `CountingStorage`
-counts calls by operation (benchmarks and cost tests)."""
+hook with (operation, seconds, error) after each call, and records a child
+span of the RPC's span when tracing is on; `CountingStorage` counts calls by
+operation (benchmarks and cost tests)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from .. import tracing
 from .base import CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
 
 T = TypeVar("T")
@@ -21,13 +23,18 @@ class ObservedStorage(Storage):
         self._hook = hook
 
     async def _observe(self, op: str, call: Awaitable[T]) -> T:
+        span = None if tracing.TRACER is None else tracing.start_backend_span(op)
         started = time.perf_counter()
         try:
             result = await call
         except BaseException as exc:
             self._hook(op, time.perf_counter() - started, exc)
+            if span is not None:
+                tracing.end_backend_span(span, exc)
             raise
         self._hook(op, time.perf_counter() - started, None)
+        if span is not None:
+            tracing.end_backend_span(span, None)
         return result
 
     async def get(self, key: str) -> Item | None:

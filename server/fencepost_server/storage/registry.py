@@ -49,16 +49,33 @@ def _dynamodb(location: str, params: dict[str, str]) -> Storage:
     return DynamoStorage.from_params(location, params)
 
 
-def open_backend(url: str) -> Storage:
-    """Create the backend named by `url` (see the module docstring)."""
+def parse_backend_url(url: str) -> tuple[Factory, str, dict[str, str]]:
+    """The factory, location and parameters of a backend URL; ValueError
+    saying what is expected when the URL names no known backend or lacks
+    its location. Opens nothing."""
     parts = urlsplit(url)
     factory = _FACTORIES.get(parts.scheme)
+    known = ", ".join(f"{name}://" for name in sorted(_FACTORIES))
     if factory is None:
-        known = ", ".join(sorted(_FACTORIES))
-        raise ValueError(f"unknown backend scheme {parts.scheme!r} in {url!r} (known: {known})")
+        got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+        raise ValueError(f"expected a backend URL ({known}), got {got} in {url!r}")
     if parts.scheme == "sqlite":
         location = unquote(parts.netloc + parts.path)
     else:
         location = unquote(parts.netloc or parts.path.lstrip("/"))
+    if not location and parts.scheme in _NEEDS_LOCATION:
+        raise ValueError(f"expected {_NEEDS_LOCATION[parts.scheme]}, got {url!r}")
     params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return factory, location, params
+
+
+_NEEDS_LOCATION = {
+    "sqlite": "a path: sqlite:///abs/path.db or sqlite://relative.db",
+    "dynamodb": "a table: dynamodb://TABLE?endpoint=URL&region=R",
+}
+
+
+def open_backend(url: str) -> Storage:
+    """Create the backend named by `url` (see the module docstring)."""
+    factory, location, params = parse_backend_url(url)
     return factory(location, params)

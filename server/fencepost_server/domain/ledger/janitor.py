@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ...storage import Item
+from ..throttled_log import ThrottledWarning
 from .core import LedgerBase, SessionView
 from .layout import BLOB_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
 
@@ -73,11 +74,13 @@ class Janitor:
 
     async def run(self) -> None:
         """The background loop (registered in AppContext.background)."""
+        warning = ThrottledWarning(log, "janitor pass")
         while True:
             try:
                 await self.scan()
+                warning.ok()
             except Exception as exc:  # an outage: try again next pass
-                log.warning("janitor pass failed: %s", exc)
+                warning.failed(exc)
             await asyncio.sleep(self.interval)
 
     async def scan(self) -> None:

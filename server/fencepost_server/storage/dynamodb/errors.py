@@ -31,7 +31,10 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     EndpointConnectionError,
     HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
     ParamValidationError,
+    PartialCredentialsError,
     ReadTimeoutError,
 )
 
@@ -106,11 +109,39 @@ def classify(exc: BaseException) -> Failure:
     return Failure.FATAL  # no credentials, bad configuration, ...
 
 
+_CREDENTIALS_REFUSED = frozenset({
+    "UnrecognizedClientException", "InvalidSignatureException", "ExpiredTokenException",
+    "AccessDeniedException", "MissingAuthenticationTokenException", "IncompleteSignatureException",
+})
+
+
+def cause(exc: BaseException) -> str | None:
+    """What an operator should look at, for the failures that stop every call
+    (credentials, endpoint, table); None for the rest."""
+    if isinstance(exc, ClientError):
+        code = error_code(exc)
+        if code == "ResourceNotFoundException":
+            return "table missing (fencepost dynamodb create-table, or serve --create-table)"
+        if code in _CREDENTIALS_REFUSED:
+            return "AWS credentials refused"
+        return None
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return "AWS credentials missing (environment, profile or instance role)"
+    if isinstance(exc, NoRegionError):
+        return "AWS region missing (dynamodb://TABLE?region=R or AWS_DEFAULT_REGION)"
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+        return "endpoint unreachable"
+    return None
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
-        return f"{err.get('Code', 'error')}: {err.get('Message', '')}".rstrip(": ")
-    return f"{type(exc).__name__}: {exc}"
+        text = f"{err.get('Code', 'error')}: {err.get('Message', '')}".rstrip(": ")
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    why = cause(exc)
+    return f"{why} — {text}" if why else text
 
 
 @dataclass(frozen=True, slots=True)

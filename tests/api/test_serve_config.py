@@ -1,0 +1,179 @@
+"""`fencepost serve` refuses a configuration mistake before starting anything:
+one line on stderr naming the flag and what is expected, exit 2 for flags
+and configuration files, exit 3 when this machine cannot run a valid
+configuration (port taken, state root unusable), never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fencepost_server.cli import Exit
+
+USAGE, START_FAILED = Exit.USAGE, Exit.START_FAILED
+
+
+def serve(*argv: str, cwd: Path, prefix: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `fencepost serve` with a short-lived default state root; a
+    mistake must end it well before `timeout` (a started server would not)."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "fencepost_server", "serve", "--state-root", str(cwd / "state"), *argv],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def assert_refused(res: subprocess.CompletedProcess[str], code: int, *names: str) -> str:
+    lines = res.stderr.splitlines()
+    assert res.returncode == code, (res.returncode, res.stderr)
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    line = lines[0]
+    assert line.startswith("fencepost: error: "), line
+    for name in names:
+        assert name in line, (name, line)
+    return line
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("backend", "expected", "example"), [
+    pytest.param("memory", "no scheme", "memory://", id="no-scheme"),
+    pytest.param("postgres://x", "'postgres'", "sqlite://", id="unknown-scheme"),
+    pytest.param("sqlite://", "a path", "sqlite:///", id="sqlite-without-path"),
+    pytest.param("dynamodb://", "a table", "dynamodb://TABLE", id="dynamodb-without-table"),
+])
+def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: str) -> None:
+    # names the flag, the problem, and a form that would have worked
+    assert_refused(serve("--backend", backend, cwd=tmp_path), USAGE, "--backend", expected, example)
+
+
+@pytest.mark.parametrize(("flag", "value", "expected"), [
+    pytest.param("--listen", "notaport", "HOST:PORT", id="listen-no-port"),
+    pytest.param("--listen", "127.0.0.1:99999", "1..65535", id="listen-port-out-of-range"),
+    pytest.param("--listen", "127.0.0.1:-1", "1..65535", id="listen-negative-port"),
+    pytest.param("--log-level", "bogus", "DEBUG, INFO", id="log-level"),
+    pytest.param("--grace", "-5", ">= 0", id="grace-negative"),
+    pytest.param("--grace", "nan", ">= 0", id="grace-nan"),
+    pytest.param("--max-receive-bytes", "0", ">= 1", id="max-receive-bytes-zero"),
+    pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
+])
+def test_bad_flag_value(tmp_path: Path, flag: str, value: str, expected: str) -> None:
+    assert_refused(serve(f"{flag}={value}", cwd=tmp_path), USAGE, flag, expected, value)
+
+
+def test_port_in_use(tmp_path: Path, busy_port: int) -> None:
+    assert_refused(serve("--listen", f"127.0.0.1:{busy_port}", cwd=tmp_path), START_FAILED,
+                   "--listen", str(busy_port), "in use")
+
+
+def test_metrics_port_in_use_and_no_event_loop_noise(tmp_path: Path, busy_port: int) -> None:
+    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port}", cwd=tmp_path)
+    assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
+    assert "Event loop is closed" not in res.stderr
+
+
+def test_state_root_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("a file, not a directory")
+    assert_refused(serve(cwd=tmp_path), START_FAILED, "--state-root", "not a directory")
+
+
+def test_state_root_under_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    res = serve("--state-root", str(tmp_path / "file" / "sub"), cwd=tmp_path)
+    assert_refused(res, START_FAILED, "--state-root", "Not a directory")
+
+
+def test_state_root_unreadable(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o000)
+    # root passes every mode check: as root the server runs without the
+    # capabilities that override them, so the mode bits apply as for anyone
+    prefix = ("setpriv", "--bounding-set=-dac_override,-dac_read_search") if os.geteuid() == 0 else ()
+    try:
+        res = serve(cwd=tmp_path, prefix=prefix)
+    finally:
+        state.chmod(0o700)
+    assert_refused(res, START_FAILED, "--state-root", "not readable and writable")
+
+
+def test_state_root_holds_a_non_database(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "fencepost.db").write_bytes(b"this is not a SQLite database, just text" * 40)
+    assert_refused(serve(cwd=tmp_path), START_FAILED, "--state-root", "not a database")
+
+
+def test_tokens_file_missing(tmp_path: Path) -> None:
+    assert_refused(serve("--tokens-file", str(tmp_path / "absent.json"), cwd=tmp_path), USAGE,
+                   "--tokens-file", "No such file")
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    pytest.param('{"tokens": [{"name": "a", "tenant": "t"}]}', "'sha256'", id="entry-without-sha256"),
+    pytest.param("{not json", "not JSON", id="not-json"),
+    pytest.param('["a list"]', '{"tokens": [', id="wrong-shape"),
+    pytest.param('{"tokens": [{"name": "a", "sha256": "zz", "tenant": "t"}]}', "not hex", id="sha256-not-hex"),
+    pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '"}]}', "no tenant", id="no-tenant"),
+])
+def test_tokens_file_malformed(tmp_path: Path, content: str, expected: str) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(content)
+    assert_refused(serve("--tokens-file", str(tokens), cwd=tmp_path), USAGE, "--tokens-file", expected)
+
+
+def test_tls_cert_without_key(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert_refused(serve("--tls-cert", str(cert), cwd=tmp_path), USAGE, "--tls-cert", "--tls-key")
+
+
+def test_debug_log_level_shows_the_traceback(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("a file")
+    res = serve("--log-level", "DEBUG", cwd=tmp_path)
+    assert res.returncode == START_FAILED
+    assert "Traceback" in res.stderr and "fencepost: error: --state-root" in res.stderr
+
+
+def test_client_timeout_must_be_positive(tmp_path: Path) -> None:
+    for prog in ("fencepost_server", "fencepost"):
+        res = subprocess.run([sys.executable, "-m", prog, "kv", "get", "k", "--timeout", "-1"],
+                             capture_output=True, text=True, timeout=60)
+        assert_refused(res, USAGE, "--timeout", "> 0", "-1")
+
+
+def test_version(tmp_path: Path) -> None:
+    import fencepost
+
+    server = subprocess.run([sys.executable, "-m", "fencepost_server", "--version"],
+                            capture_output=True, text=True, timeout=60)
+    assert server.returncode == 0 and server.stderr == ""
+    line = server.stdout.strip()
+    assert line.startswith(f"fencepost {fencepost.__version__} ")
+    assert f"server {fencepost.__version__}" in line and f"sdk {fencepost.__version__}" in line
+    assert "proto fencepost.v1 @ " in line
+    client = subprocess.run([sys.executable, "-m", "fencepost", "--version"], capture_output=True, text=True,
+                            timeout=60)
+    assert client.returncode == 0 and f"sdk {fencepost.__version__}" in client.stdout
+    assert line.split("@ ")[1] == client.stdout.strip().split("@ ")[1]  # one proto revision
+
+
+def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
+    assert_refused(serve("--create-table", "--backend", "memory://", cwd=tmp_path), USAGE,
+                   "--create-table", "dynamodb://")
+
+
+def test_non_loopback_without_authentication(tmp_path: Path) -> None:
+    assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
