@@ -20,7 +20,9 @@ from fencepost import errors
 from fencepost.v1 import journal_pb2, memory_pb2
 from fencepost_server.app import App
 from fencepost_server.config import Settings
+from fencepost_server.domain.paging import PAGE_KEY_ITEM
 from fencepost_server.storage import Storage
+from fencepost_server.storage.memory import MemoryStorage
 from tests.api.security_support import SERVICES, ManualClock, Rpc, reason_of, secs, struct, write_tokens
 
 TURN = {"at": "2026-11-29T00:00:00Z", "sessionId": "s", "channelId": "c", "status": "completed"}
@@ -262,3 +264,33 @@ async def test_versions_say_nothing_about_other_tenants_writes(two_tenant_channe
     assert all(len(v) == 32 for v in versions) and len(set(versions)) == len(versions)
     assert numbers != sorted(numbers)
     assert not any(gap == want for gap, want in zip(gaps, gaps_expected))
+
+
+async def test_a_supplied_page_token_key_is_the_deployments(tmp_path: Path) -> None:
+    """--page-token-key-file: servers given one key accept each other's tokens
+    (whatever backend each runs on); a server with another key refuses them."""
+    keys = {"one": "ab" * 32, "other": "cd" * 32}
+    for name, hex_key in keys.items():
+        (tmp_path / name).write_text(hex_key)
+    apps = [App(Settings(listen="127.0.0.1:0", page_token_key_file=tmp_path / key), storage=MemoryStorage())
+            for key in ("one", "one", "other")]
+    for app in apps:
+        await app.start()
+    try:
+        tokens = []
+        for app in apps:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+                rpc = Rpc(channel)
+                for i in range(3):
+                    await rpc("KvService/Put", key=f"k/{i}", value=b"v")
+                tokens.append((await rpc("KvService/List", prefix="k/", page_size=1)).next_page_token)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{apps[1].port}") as channel:
+            rpc = Rpc(channel)
+            resumed = await rpc("KvService/List", prefix="k/", page_size=1, page_token=tokens[0])
+            assert [e.key for e in resumed.entries] == ["k/1"]
+            assert await _refused(rpc, "KvService/List", {"prefix": "k/"}, tokens[2]) == "PAGE_TOKEN_INVALID"
+        # the backend-kept key was never minted: the file's key is the only one
+        assert await apps[0].storage.get(PAGE_KEY_ITEM) is None
+    finally:
+        for app in apps:
+            await app.stop(grace=0.2)
