@@ -65,6 +65,21 @@ def test_every_truncation_and_bit_flip_is_refused(position: str, data: st.DataOb
     assert _refused(PAGES, "t", ["kv.list", "p/"], flipped)
 
 
+@settings(max_examples=30)
+@given(st.data())
+def test_any_edit_of_the_text_is_refused(data: st.DataObject) -> None:
+    """Inserted characters the base64 decoder would skip, or a last character
+    that decodes to the same bytes, are edits too."""
+    token = _run(PAGES.issue("t", ["kv.list", "p/"], "k/1"))
+    at = data.draw(st.integers(0, len(token)))
+    inserted = token[:at] + data.draw(st.sampled_from([".", "!", " ", "=", "\n", "A"])) + token[at:]
+    assert _refused(PAGES, "t", ["kv.list", "p/"], inserted)
+    last = token[-1]
+    for other in "AQgw":  # a different final character, possibly the same decoded bytes
+        if other != last:
+            assert _refused(PAGES, "t", ["kv.list", "p/"], token[:-1] + other)
+
+
 def test_the_position_is_not_in_the_clear() -> None:
     position = "customers/acme/invoice-2026-11"
     token = _run(PAGES.issue("t", ["kv.list", ""], position))

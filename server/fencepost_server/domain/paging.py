@@ -119,7 +119,10 @@ class PageTokens:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         except (ValueError, binascii.Error):
             raise _invalid() from None
-        if len(raw) < 1 + _NONCE_BYTES + _TAG_BYTES or raw[:1] != _FORMAT:
+        # The decoder skips characters outside the alphabet: only the exact
+        # text `issue` wrote is a token, so any edit at all is refused.
+        canonical = base64.urlsafe_b64encode(raw).decode().rstrip("=") == token
+        if not canonical or len(raw) < 1 + _NONCE_BYTES + _TAG_BYTES or raw[:1] != _FORMAT:
             raise _invalid()
         nonce, sealed = raw[1:1 + _NONCE_BYTES], raw[1 + _NONCE_BYTES:]
         try:
