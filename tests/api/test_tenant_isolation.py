@@ -217,11 +217,13 @@ async def two_tenant_channel(tmp_path: Path, storage: Storage):  # type: ignore[
 async def test_page_tokens_are_bound_to_their_tenant_and_listing(two_tenant_channel: Any) -> None:
     channel, clock = two_tenant_channel
     assert set(LISTINGS) == _paged_rpcs(), "a listing is missing from this test"
-    # Operators, so that Audit is reachable: the binding is to the tenant, whatever the role.
-    a, b = Rpc(channel, "token-operator-a"), Rpc(channel, "token-operator-b")
-    fields_a, fields_b = await _fill(a, clock), await _fill(b, clock)
+    # Service tokens, as in normal traffic; operator tokens where the listing needs them (Audit).
+    service = {"a": Rpc(channel, "token-tenant-a"), "b": Rpc(channel, "token-tenant-b")}
+    operator = {"a": Rpc(channel, "token-operator-a"), "b": Rpc(channel, "token-operator-b")}
+    fields_a, fields_b = await _fill(operator["a"], clock), await _fill(operator["b"], clock)
     outcomes: dict[str, dict[str, str]] = {}
     for name in LISTINGS:
+        a, b = (operator["a"], operator["b"]) if name == "MemoryService/Audit" else (service["a"], service["b"])
         first = await a(name, page_size=1, **fields_a[name])
         token = first.next_page_token
         assert token, f"{name}: no second page to resume"
@@ -233,6 +235,7 @@ async def test_page_tokens_are_bound_to_their_tenant_and_listing(two_tenant_chan
             "garbage": await _refused(a, name, fields_a[name], "not-a-token"),
         }
     # The same tenant, another listing or other parameters: also refused.
+    a = operator["a"]
     kv = (await a("KvService/List", page_size=1, prefix="k/")).next_page_token
     outcomes["other listing / parameters"] = {
         "Audit": await _refused(a, "MemoryService/Audit", {"agent_id": "ag"},
