@@ -31,11 +31,11 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/fencepost serve $(ARGS)
 
-## Regenerate the Python stubs (+ .pyi) from proto/.
+## Regenerate the Python stubs (+ .pyi) and the TypeScript client's src/gen from proto/ (npm ci first).
 generate: setup
 	PY=$(PY) scripts/generate.sh
 
-## Generated code fresh, buf lint, buf breaking against the previous commit.
+## Generated code fresh (Python, TypeScript + tsc), buf lint, buf breaking against the previous commit.
 check: setup
 	PY=$(PY) scripts/check.sh
 
@@ -56,7 +56,7 @@ reliability: setup
 	FENCEPOST_FULL_SCALE=1 $(PY) -m pytest -q -p no:cacheprovider -m scaled -k dynamodb tests $(ARGS)
 
 clean:
-	rm -rf $(VENV) .fencepost .pytest_cache
+	rm -rf $(VENV) .fencepost .pytest_cache client/typescript/node_modules client/typescript/dist
 
 ## Render the API reference (docs/reference.md) from the proto comments.
 docs: setup

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The contract guard: generated code is fresh, buf lint is clean, and the proto
-# has no breaking change against the previous commit (buf breaking, FILE rules).
+# The contract guard: generated code (Python, TypeScript) is fresh, the
+# TypeScript client type-checks (tsc), buf lint is clean, and the proto has no
+# breaking change against the previous commit (buf breaking, FILE rules).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -14,7 +15,13 @@ if ! diff -r -x __init__.py -x __pycache__ "$tmp/fencepost/v1" client/fencepost/
   echo "check: generated code under client/fencepost/v1 is stale; run 'make generate' and commit" >&2
   exit 1
 fi
-echo "check: generated code is fresh"
+if ! diff -r "$tmp/typescript/src/gen" client/typescript/src/gen >"$tmp/diff.txt"; then
+  cat "$tmp/diff.txt" | head -40
+  echo "check: generated code under client/typescript/src/gen is stale; run 'make generate' and commit" >&2
+  exit 1
+fi
+(cd client/typescript && node_modules/.bin/tsc -p . --noEmit)
+echo "check: generated code is fresh (Python, TypeScript); the TypeScript client type-checks"
 
 "$BUF" lint
 echo "check: buf lint clean"

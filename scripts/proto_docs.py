@@ -2,8 +2,9 @@
 
 The proto comments are the documentation: protoc compiles `proto/` into a
 descriptor set with source info (comments included) and this script renders
-every service, RPC (with the error reasons its comment names), message, field
-and enum into `docs/reference.md`. `scripts/check.sh` renders again into a
+every service, RPC (with the error reasons it declares in the
+`fencepost.v1.common_reasons` / `fencepost.v1.reasons` options), message,
+field and enum into `docs/reference.md`. `scripts/check.sh` renders again into a
 temporary file and fails when the committed reference differs.
 
     python scripts/proto_docs.py [--out docs/reference.md] [--proto-root proto]
@@ -37,7 +38,11 @@ _STATUS_CODES = {
     "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 }
 _UPPER_SNAKE = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
-_AS_OTHER = re.compile(r"Errors:\s*as\s+(\w+)")
+
+# The reason-declaring options (proto/fencepost/v1/errors.proto): both are field 51801 of their options message.
+_REASONS_OPTION = 51801
+_REASON_ENUM = "fencepost.v1.ErrorReason"
+_REASON_PREFIX = "ERROR_REASON_"
 
 _LABELS = {1: "optional", 2: "required", 3: "repeated"}
 _TYPES = {
@@ -56,6 +61,7 @@ class Element:
     comment: str
     children: list[Element] = field(default_factory=list)
     detail: str = ""  # rpc signature or field type
+    reasons: list[str] = field(default_factory=list)  # declared ErrorInfo reasons (service: common ones)
 
 
 def compile_descriptors(proto_root: Path) -> descriptor_pb2.FileDescriptorSet:
@@ -90,21 +96,77 @@ def _type_name(f: descriptor_pb2.FieldDescriptorProto) -> str:
     return label + name
 
 
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def option_enums(options: bytes, number: int) -> list[int]:
+    """The values of repeated enum option `number` in serialized options (the
+    extension is not registered here, so it is read from the wire: packed or not)."""
+    out, i = [], 0
+    while i < len(options):
+        key, i = _varint(options, i)
+        fnum, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(options, i)
+            if fnum == number:
+                out.append(value)
+        elif wire == 2:
+            size, i = _varint(options, i)
+            chunk, i = options[i:i + size], i + size
+            if fnum == number:
+                j = 0
+                while j < len(chunk):
+                    value, j = _varint(chunk, j)
+                    out.append(value)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"unexpected wire type {wire} in options")
+    return out
+
+
+def reason_names(fds: descriptor_pb2.FileDescriptorSet) -> dict[int, str]:
+    """ErrorReason number -> reason string (the value name without the prefix)."""
+    for fd in fds.file:
+        for enum in fd.enum_type:
+            if f"{fd.package}.{enum.name}" == _REASON_ENUM:
+                return {v.number: v.name.removeprefix(_REASON_PREFIX) for v in enum.value}
+    return {}
+
+
+def _declared(options: bytes, names: dict[int, str]) -> list[str]:
+    return list(dict.fromkeys(names.get(n, f"#{n}") for n in option_enums(options, _REASONS_OPTION)))
+
+
 def elements(fds: descriptor_pb2.FileDescriptorSet) -> list[tuple[str, list[Element]]]:
     """Per file, its services, messages and enums with their comments."""
     out = []
+    names = reason_names(fds)
     for fd in fds.file:
         docs = _comments(fd)
         pkg = fd.package
         items: list[Element] = []
         for si, svc in enumerate(fd.service):
             path = (_FILE_SERVICE, si)
-            el = Element("service", f"{pkg}.{svc.name}", docs.get(path, ""))
+            common = _declared(svc.options.SerializeToString(), names)
+            el = Element("service", f"{pkg}.{svc.name}", docs.get(path, ""), reasons=common)
             for mi, m in enumerate(svc.method):
                 sig = f"{m.input_type.lstrip('.')} → {m.output_type.lstrip('.')}"
                 if m.server_streaming:
                     sig = f"{m.input_type.lstrip('.')} → stream {m.output_type.lstrip('.')}"
-                el.children.append(Element("rpc", m.name, docs.get((*path, _SVC_METHOD, mi), ""), detail=sig))
+                own = _declared(m.options.SerializeToString(), names)
+                comment = docs.get((*path, _SVC_METHOD, mi), "")
+                el.children.append(Element("rpc", m.name, comment, detail=sig, reasons=own))
             items.append(el)
         for mi, msg in enumerate(fd.message_type):
             items.extend(_message(msg, f"{pkg}.{msg.name}", (_FILE_MESSAGE, mi), docs))
@@ -147,17 +209,8 @@ def reasons_in(text: str) -> list[str]:
 
 
 def rpc_reasons(service: Element, rpc: Element) -> list[str]:
-    """Reasons an RPC can return: those its comment names, those of the RPC it
-    refers to ("Errors: as List"), and the service's common ones when it says
-    so ("the common ones") or names none of its own."""
-    own = reasons_in(rpc.comment)
-    by_name = {r.name: r for r in service.children}
-    other = _AS_OTHER.search(rpc.comment)
-    if other and other.group(1) in by_name and by_name[other.group(1)] is not rpc:
-        own += rpc_reasons(service, by_name[other.group(1)])
-    if "common ones" in rpc.comment or not own:
-        own += reasons_in(service.comment)
-    return list(dict.fromkeys(own))
+    """Reasons an RPC declares: its service's `common_reasons`, then its own `reasons`."""
+    return list(dict.fromkeys([*service.reasons, *rpc.reasons]))
 
 
 def _anchor(name: str) -> str:
@@ -178,8 +231,17 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
         "",
         "<!-- Generated by scripts/proto_docs.py from proto/ (`make docs`); do not edit. -->",
         "",
-        "Every error carries a `google.rpc.ErrorInfo` (domain `fencepost.dev`) whose `reason` is listed",
-        "under each RPC; the client SDK raises one typed exception per reason.",
+        "Every error the server returns carries a `google.rpc.ErrorInfo` (domain `fencepost.dev`) whose",
+        "`reason` is one of [`fencepost.v1.ErrorReason`](#fencepostv1errorreason) (the value name without",
+        "the `ERROR_REASON_` prefix). Each RPC lists the reasons it declares (its service's",
+        "`common_reasons` option, then its own `reasons` option); the test suite records every reason the",
+        "server returns and fails on one an RPC does not declare. The client SDK raises one typed",
+        "exception per reason.",
+        "",
+        "Refusals by the gRPC transport itself carry no `ErrorInfo` and no reason: `RESOURCE_EXHAUSTED`",
+        "for a request over the server's receive limit (the SDKs report it as `MESSAGE_TOO_LARGE`),",
+        "`UNAVAILABLE` when the server cannot be reached, `DEADLINE_EXCEEDED` / `CANCELLED` from the",
+        "caller's deadline or cancellation, `UNIMPLEMENTED` for a method this server does not serve.",
         "",
     ]
     files = elements(fds)
@@ -195,6 +257,8 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
         for el in items:
             if el.kind == "service":
                 lines += [f"### {el.name}", "", _para(el.comment), ""]
+                common = ", ".join(f"`{r}`" for r in el.reasons) or "none"
+                lines += [f"Common error reasons (every RPC): {common}", ""]
                 for rpc in el.children:
                     lines += [f"#### {el.name.rsplit('.', 1)[1]}.{rpc.name}", "", f"`{rpc.detail}`", ""]
                     lines += [_para(rpc.comment), ""]

@@ -20,6 +20,7 @@ from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
 from fencepost_server.storage.memory import MemoryStorage
 from fencepost_server.storage.sqlite import SqliteStorage
+from tests import reason_contract
 
 Opener = Callable[[Path], Awaitable[Storage]]
 
@@ -116,6 +117,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backend(name): the backend a parametrized test runs on")
     os.environ.setdefault("FENCEPOST_TEST", "1")
     config.addinivalue_line("markers", "scaled: uses `scaled` (smaller counts on the DynamoDB emulator)")
+    reason_contract.start(config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # every server this session started recorded what it returned: all of it must be declared
+    reason_contract.finish(session)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    reason_contract.report(terminalreporter)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

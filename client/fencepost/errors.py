@@ -173,6 +173,7 @@ BY_REASON: dict[str, type[FencepostError]] = {
     R.UNAUTHENTICATED: Unauthenticated,
     R.PERMISSION_DENIED: PermissionDenied,
     R.MESSAGE_TOO_LARGE: MessageTooLarge,
+    R.INTERNAL: Internal,
 }
 
 BY_CODE: dict[str, type[FencepostError]] = {

@@ -1,7 +1,10 @@
 """ErrorInfo reasons: part of the contract, shared by server and client.
 
 Every error the server returns carries a google.rpc.ErrorInfo with one of
-these reasons and `domain = DOMAIN`.
+these reasons and `domain = DOMAIN`. The proto's `ErrorReason` enum
+(proto/fencepost/v1/errors.proto) is the source of truth: each constant here
+is an enum value name without its `ERROR_REASON_` prefix, and
+tests/proto/test_error_reasons.py fails when the two differ.
 """
 
 DOMAIN = "fencepost.dev"
@@ -56,4 +59,8 @@ EVAL_RUN_NOT_FOUND = "EVAL_RUN_NOT_FOUND"
 # security
 UNAUTHENTICATED = "UNAUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
+# never sent by the server: the SDK's name for the transport's RESOURCE_EXHAUSTED refusal
 MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+
+# a server bug (an unexpected exception)
+INTERNAL = "INTERNAL"

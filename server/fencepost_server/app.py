@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from fencepost.v1 import (
     evals_pb2,
@@ -38,6 +37,7 @@ from fencepost.v1 import (
 )
 
 from .api.base import Authenticator, RpcObserver
+from .api.recording import recorder_from_env
 from .api.evals import EvalServicer
 from .api.journal import JournalServicer, StoreApiServicer
 from .api.kv import KvServicer
@@ -55,6 +55,7 @@ from .domain.paging import PageTokens, secret_from_file
 from .domain.requests import RequestLog
 from .domain.schedule import Schedule
 from .observability import Metrics
+from .reflection import enable_reflection
 from .security import IdentityMap, build_authenticator
 from .startup import StartFailure
 from .storage import Storage, open_backend
@@ -240,7 +241,8 @@ class App:
             ("grpc.max_send_message_length", self.settings.max_receive_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=opts)
+        recorder = recorder_from_env()  # set by the test suite only (see api/recording.py)
+        server = grpc.aio.server(options=opts, interceptors=[recorder] if recorder else None)
         registry = HandlerRegistry(server)
         ctx = AppContext(
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event,
@@ -249,10 +251,7 @@ class App:
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registry)
-        # the real server: reflection picks its asyncio servicer only for a grpc.aio.Server
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-        )
+        enable_reflection([*self.service_names, health.SERVICE_NAME], server)
         try:
             port = self._bind(server)
             if self.settings.metrics_listen:

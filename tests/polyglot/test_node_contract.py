@@ -9,71 +9,30 @@ the contract.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.polyglot.serving import npm_ci, serve, tool
+
 HERE = Path(__file__).resolve().parent
-STAMP = HERE / "node_modules" / ".fencepost-lock-sha256"
 CHECKS = sorted(p.stem for p in (HERE / "checks").glob("*.mjs"))
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed: the JavaScript contract suite needs Node.js >= 18 and npm")
-    return path
-
-
-def _npm_ci() -> None:
-    """`npm ci` into tests/polyglot/node_modules unless it matches the lockfile."""
-    lock = hashlib.sha256((HERE / "package-lock.json").read_bytes()).hexdigest()
-    if STAMP.is_file() and STAMP.read_text().strip() == lock:
-        return
-    result = subprocess.run(
-        [_tool("npm"), "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-        cwd=HERE, capture_output=True, text=True, timeout=600,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"npm ci failed:\n{result.stdout}\n{result.stderr}")
-    STAMP.write_text(lock)
 
 
 @pytest.fixture(scope="module")
 def fencepost_target() -> Iterator[str]:
     """`fencepost serve` on a free loopback port (the server reports the port it bound)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
-         "--backend", "memory://", "--grace", "1", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        match = re.search(r"serving on (127\.0\.0\.1:\d+)", banner)
-        if match is None:
-            proc.kill()
-            pytest.fail(f"fencepost serve did not start: {banner}{proc.stdout.read()}")
-        yield match.group(1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve("memory://") as target:
+        yield target
 
 
 def test_javascript_contract_suite(fencepost_target: str) -> None:
-    node = _tool("node")
-    _npm_ci()
+    node = tool("node")
+    npm_ci(HERE)
     result = subprocess.run(
         [node, "contract.mjs"], cwd=HERE, capture_output=True, text=True, timeout=300,
         env={**os.environ, "FENCEPOST_TARGET": fencepost_target},

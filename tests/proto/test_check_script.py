@@ -20,6 +20,10 @@ def _scratch(tmp: Path) -> tuple[Path, Path]:
     work, base = tmp / "work", tmp / "base"
     for name in ("proto", "scripts", "docs", "client/fencepost/v1"):
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    ts = "client/typescript"
+    subprocess.run(["bash", str(ROOT / "scripts" / "npm_ci.sh"), str(ROOT / ts)], check=True, timeout=600)
+    shutil.copytree(ROOT / ts, work / ts, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    (work / ts / "node_modules").symlink_to(ROOT / ts / "node_modules")
     shutil.copy(ROOT / "buf.yaml", work / "buf.yaml")
     shutil.copytree(ROOT / "proto", base / "proto")
     shutil.copy(ROOT / "buf.yaml", base / "buf.yaml")

@@ -1,6 +1,7 @@
 """The proto is the documentation: every element is commented, every RPC
-names its error reasons, every reason has a typed exception, and the
-committed reference is what `make docs` renders."""
+declares its error reasons (and its comment names no reason it does not
+declare), every reason has a typed exception, and the committed reference is
+what `make docs` renders."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import ModuleType
 import pytest
 from google.protobuf import descriptor_pb2
 
-from fencepost import errors, reasons
+from fencepost import contract, errors, reasons
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def test_every_service_rpc_message_field_and_enum_has_a_comment(fds: descriptor_
 def test_the_undocumented_check_catches_a_missing_comment(fds: descriptor_pb2.FileDescriptorSet) -> None:
     stripped = descriptor_pb2.FileDescriptorSet()
     stripped.CopyFrom(fds)
-    target = stripped.file[0]
+    target = next(f for f in stripped.file if f.message_type)
     for loc in target.source_code_info.location:
         if list(loc.path) == [4, 0, 2, 0]:  # first message, first field
             loc.leading_comments = ""
@@ -57,17 +58,35 @@ def test_the_undocumented_check_catches_a_missing_comment(fds: descriptor_pb2.Fi
     assert docs.undocumented(stripped) == [f"{target.name}: field {target.package}.{msg.name}.{msg.field[0].name}"]
 
 
-def test_every_rpc_names_known_error_reasons(fds: descriptor_pb2.FileDescriptorSet) -> None:
+def test_every_rpc_declares_known_error_reasons(fds: descriptor_pb2.FileDescriptorSet) -> None:
     known = {v for k, v in vars(reasons).items() if k.isupper() and k != "DOMAIN"}
     rpcs = 0
     for service in _services(fds):
         for rpc in service.children:
             rpcs += 1
             found = docs.rpc_reasons(service, rpc)
-            assert found, f"{service.name}.{rpc.name} names no error reason"
+            assert found, f"{service.name}.{rpc.name} declares no error reason"
             unknown = set(found) - known
-            assert not unknown, f"{service.name}.{rpc.name} names reasons missing from fencepost.reasons: {unknown}"
+            assert not unknown, f"{service.name}.{rpc.name} declares reasons missing from fencepost.reasons: {unknown}"
     assert rpcs >= 18  # KvService (10) + EvalService (8) at least
+
+
+def test_an_rpc_comment_names_only_reasons_the_rpc_declares(fds: descriptor_pb2.FileDescriptorSet) -> None:
+    """The prose may explain a reason, never promise one the declaration lacks."""
+    for service in _services(fds):
+        for rpc in service.children:
+            extra = [r for r in docs.reasons_in(rpc.comment) if r not in docs.rpc_reasons(service, rpc)]
+            assert not extra, (
+                f"{service.name}.{rpc.name}'s comment names {extra}; declare each with "
+                f"`option (fencepost.v1.reasons) = ERROR_REASON_<reason>;` or drop it from the comment"
+            )
+
+
+def test_the_renderer_and_the_runtime_read_the_same_declarations(fds: descriptor_pb2.FileDescriptorSet) -> None:
+    for service in _services(fds):
+        for rpc in service.children:
+            runtime = contract.declared_reasons(f"/{service.name}/{rpc.name}")
+            assert runtime == frozenset(docs.rpc_reasons(service, rpc)), f"{service.name}.{rpc.name}"
 
 
 def test_every_documented_reason_has_a_typed_exception(fds: descriptor_pb2.FileDescriptorSet) -> None:

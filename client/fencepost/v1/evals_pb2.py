@@ -22,53 +22,62 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fencepost.v1 import errors_pb2 as fencepost_dot_v1_dot_errors__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65ncepost/v1/evals.proto\x12\x0c\x66\x65ncepost.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"u\n\x07\x45valRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"q\n\x11PutEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12)\n\x08snapshot\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"8\n\x12PutEvalRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.EvalRun\"2\n\x11GetEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"8\n\x12GetEvalRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.EvalRun\"I\n\x14\x44\x65leteEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"(\n\x15\x44\x65leteEvalRunResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"c\n\x13ListEvalRunsRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x16\n\x0ehistory_window\x18\x04 \x01(\x05\"j\n\x14ListEvalRunsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.fencepost.v1.EvalRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x14\n\x0cpruned_count\x18\x03 \x01(\x05\"\x83\x01\n\x08\x41\x62Sample\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06sample\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb0\x01\n\x12PutAbSampleRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nexperiment\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06sample\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\x15\n\x13PutAbSampleResponse\"t\n\x14ListAbSamplesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nexperiment\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Y\n\x15ListAbSamplesResponse\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.AbSample\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"d\n\x14PutAbSnapshotRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"H\n\x15PutAbSnapshotResponse\x12/\n\x0bupdate_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x14GetAbSnapshotRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"\x82\x01\n\x15GetAbSnapshotResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xc2\x05\n\x0b\x45valService\x12O\n\nPutEvalRun\x12\x1f.fencepost.v1.PutEvalRunRequest\x1a .fencepost.v1.PutEvalRunResponse\x12O\n\nGetEvalRun\x12\x1f.fencepost.v1.GetEvalRunRequest\x1a .fencepost.v1.GetEvalRunResponse\x12X\n\rDeleteEvalRun\x12\".fencepost.v1.DeleteEvalRunRequest\x1a#.fencepost.v1.DeleteEvalRunResponse\x12U\n\x0cListEvalRuns\x12!.fencepost.v1.ListEvalRunsRequest\x1a\".fencepost.v1.ListEvalRunsResponse\x12R\n\x0bPutAbSample\x12 .fencepost.v1.PutAbSampleRequest\x1a!.fencepost.v1.PutAbSampleResponse\x12X\n\rListAbSamples\x12\".fencepost.v1.ListAbSamplesRequest\x1a#.fencepost.v1.ListAbSamplesResponse\x12X\n\rPutAbSnapshot\x12\".fencepost.v1.PutAbSnapshotRequest\x1a#.fencepost.v1.PutAbSnapshotResponse\x12X\n\rGetAbSnapshot\x12\".fencepost.v1.GetAbSnapshotRequest\x1a#.fencepost.v1.GetAbSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65ncepost/v1/evals.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"u\n\x07\x45valRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"q\n\x11PutEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12)\n\x08snapshot\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"8\n\x12PutEvalRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.EvalRun\"2\n\x11GetEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"8\n\x12GetEvalRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.EvalRun\"I\n\x14\x44\x65leteEvalRunRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"(\n\x15\x44\x65leteEvalRunResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"c\n\x13ListEvalRunsRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x16\n\x0ehistory_window\x18\x04 \x01(\x05\"j\n\x14ListEvalRunsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.fencepost.v1.EvalRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x14\n\x0cpruned_count\x18\x03 \x01(\x05\"\x83\x01\n\x08\x41\x62Sample\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06sample\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb0\x01\n\x12PutAbSampleRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nexperiment\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06sample\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\x15\n\x13PutAbSampleResponse\"t\n\x14ListAbSamplesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nexperiment\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Y\n\x15ListAbSamplesResponse\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.AbSample\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"d\n\x14PutAbSnapshotRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"H\n\x15PutAbSnapshotResponse\x12/\n\x0bupdate_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x14GetAbSnapshotRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"\x82\x01\n\x15GetAbSnapshotResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12)\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xe7\x05\n\x0b\x45valService\x12O\n\nPutEvalRun\x12\x1f.fencepost.v1.PutEvalRunRequest\x1a .fencepost.v1.PutEvalRunResponse\x12V\n\nGetEvalRun\x12\x1f.fencepost.v1.GetEvalRunRequest\x1a .fencepost.v1.GetEvalRunResponse\"\x05\xca\xa5\x19\x01!\x12X\n\rDeleteEvalRun\x12\".fencepost.v1.DeleteEvalRunRequest\x1a#.fencepost.v1.DeleteEvalRunResponse\x12]\n\x0cListEvalRuns\x12!.fencepost.v1.ListEvalRunsRequest\x1a\".fencepost.v1.ListEvalRunsResponse\"\x06\xca\xa5\x19\x02\x08\x07\x12R\n\x0bPutAbSample\x12 .fencepost.v1.PutAbSampleRequest\x1a!.fencepost.v1.PutAbSampleResponse\x12`\n\rListAbSamples\x12\".fencepost.v1.ListAbSamplesRequest\x1a#.fencepost.v1.ListAbSamplesResponse\"\x06\xca\xa5\x19\x02\x08\x07\x12X\n\rPutAbSnapshot\x12\".fencepost.v1.PutAbSnapshotRequest\x1a#.fencepost.v1.PutAbSnapshotResponse\x12X\n\rGetAbSnapshot\x12\".fencepost.v1.GetAbSnapshotRequest\x1a#.fencepost.v1.GetAbSnapshotResponse\x1a\x0c\xca\xa5\x19\x08\"\n\x19\x02\x03\x0b\x0c\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencepost.v1.evals_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVALRUN']._serialized_start=105
-  _globals['_EVALRUN']._serialized_end=222
-  _globals['_PUTEVALRUNREQUEST']._serialized_start=224
-  _globals['_PUTEVALRUNREQUEST']._serialized_end=337
-  _globals['_PUTEVALRUNRESPONSE']._serialized_start=339
-  _globals['_PUTEVALRUNRESPONSE']._serialized_end=395
-  _globals['_GETEVALRUNREQUEST']._serialized_start=397
-  _globals['_GETEVALRUNREQUEST']._serialized_end=447
-  _globals['_GETEVALRUNRESPONSE']._serialized_start=449
-  _globals['_GETEVALRUNRESPONSE']._serialized_end=505
-  _globals['_DELETEEVALRUNREQUEST']._serialized_start=507
-  _globals['_DELETEEVALRUNREQUEST']._serialized_end=580
-  _globals['_DELETEEVALRUNRESPONSE']._serialized_start=582
-  _globals['_DELETEEVALRUNRESPONSE']._serialized_end=622
-  _globals['_LISTEVALRUNSREQUEST']._serialized_start=624
-  _globals['_LISTEVALRUNSREQUEST']._serialized_end=723
-  _globals['_LISTEVALRUNSRESPONSE']._serialized_start=725
-  _globals['_LISTEVALRUNSRESPONSE']._serialized_end=831
-  _globals['_ABSAMPLE']._serialized_start=834
-  _globals['_ABSAMPLE']._serialized_end=965
-  _globals['_PUTABSAMPLEREQUEST']._serialized_start=968
-  _globals['_PUTABSAMPLEREQUEST']._serialized_end=1144
-  _globals['_PUTABSAMPLERESPONSE']._serialized_start=1146
-  _globals['_PUTABSAMPLERESPONSE']._serialized_end=1167
-  _globals['_LISTABSAMPLESREQUEST']._serialized_start=1169
-  _globals['_LISTABSAMPLESREQUEST']._serialized_end=1285
-  _globals['_LISTABSAMPLESRESPONSE']._serialized_start=1287
-  _globals['_LISTABSAMPLESRESPONSE']._serialized_end=1376
-  _globals['_PUTABSNAPSHOTREQUEST']._serialized_start=1378
-  _globals['_PUTABSNAPSHOTREQUEST']._serialized_end=1478
-  _globals['_PUTABSNAPSHOTRESPONSE']._serialized_start=1480
-  _globals['_PUTABSNAPSHOTRESPONSE']._serialized_end=1552
-  _globals['_GETABSNAPSHOTREQUEST']._serialized_start=1554
-  _globals['_GETABSNAPSHOTREQUEST']._serialized_end=1591
-  _globals['_GETABSNAPSHOTRESPONSE']._serialized_start=1594
-  _globals['_GETABSNAPSHOTRESPONSE']._serialized_end=1724
-  _globals['_EVALSERVICE']._serialized_start=1727
-  _globals['_EVALSERVICE']._serialized_end=2433
+  _globals['_EVALSERVICE']._loaded_options = None
+  _globals['_EVALSERVICE']._serialized_options = b'\312\245\031\010\"\n\031\002\003\013\014\r'
+  _globals['_EVALSERVICE'].methods_by_name['GetEvalRun']._loaded_options = None
+  _globals['_EVALSERVICE'].methods_by_name['GetEvalRun']._serialized_options = b'\312\245\031\001!'
+  _globals['_EVALSERVICE'].methods_by_name['ListEvalRuns']._loaded_options = None
+  _globals['_EVALSERVICE'].methods_by_name['ListEvalRuns']._serialized_options = b'\312\245\031\002\010\007'
+  _globals['_EVALSERVICE'].methods_by_name['ListAbSamples']._loaded_options = None
+  _globals['_EVALSERVICE'].methods_by_name['ListAbSamples']._serialized_options = b'\312\245\031\002\010\007'
+  _globals['_EVALRUN']._serialized_start=132
+  _globals['_EVALRUN']._serialized_end=249
+  _globals['_PUTEVALRUNREQUEST']._serialized_start=251
+  _globals['_PUTEVALRUNREQUEST']._serialized_end=364
+  _globals['_PUTEVALRUNRESPONSE']._serialized_start=366
+  _globals['_PUTEVALRUNRESPONSE']._serialized_end=422
+  _globals['_GETEVALRUNREQUEST']._serialized_start=424
+  _globals['_GETEVALRUNREQUEST']._serialized_end=474
+  _globals['_GETEVALRUNRESPONSE']._serialized_start=476
+  _globals['_GETEVALRUNRESPONSE']._serialized_end=532
+  _globals['_DELETEEVALRUNREQUEST']._serialized_start=534
+  _globals['_DELETEEVALRUNREQUEST']._serialized_end=607
+  _globals['_DELETEEVALRUNRESPONSE']._serialized_start=609
+  _globals['_DELETEEVALRUNRESPONSE']._serialized_end=649
+  _globals['_LISTEVALRUNSREQUEST']._serialized_start=651
+  _globals['_LISTEVALRUNSREQUEST']._serialized_end=750
+  _globals['_LISTEVALRUNSRESPONSE']._serialized_start=752
+  _globals['_LISTEVALRUNSRESPONSE']._serialized_end=858
+  _globals['_ABSAMPLE']._serialized_start=861
+  _globals['_ABSAMPLE']._serialized_end=992
+  _globals['_PUTABSAMPLEREQUEST']._serialized_start=995
+  _globals['_PUTABSAMPLEREQUEST']._serialized_end=1171
+  _globals['_PUTABSAMPLERESPONSE']._serialized_start=1173
+  _globals['_PUTABSAMPLERESPONSE']._serialized_end=1194
+  _globals['_LISTABSAMPLESREQUEST']._serialized_start=1196
+  _globals['_LISTABSAMPLESREQUEST']._serialized_end=1312
+  _globals['_LISTABSAMPLESRESPONSE']._serialized_start=1314
+  _globals['_LISTABSAMPLESRESPONSE']._serialized_end=1403
+  _globals['_PUTABSNAPSHOTREQUEST']._serialized_start=1405
+  _globals['_PUTABSNAPSHOTREQUEST']._serialized_end=1505
+  _globals['_PUTABSNAPSHOTRESPONSE']._serialized_start=1507
+  _globals['_PUTABSNAPSHOTRESPONSE']._serialized_end=1579
+  _globals['_GETABSNAPSHOTREQUEST']._serialized_start=1581
+  _globals['_GETABSNAPSHOTREQUEST']._serialized_end=1618
+  _globals['_GETABSNAPSHOTRESPONSE']._serialized_start=1621
+  _globals['_GETABSNAPSHOTRESPONSE']._serialized_end=1751
+  _globals['_EVALSERVICE']._serialized_start=1754
+  _globals['_EVALSERVICE']._serialized_end=2497
 # @@protoc_insertion_point(module_scope)

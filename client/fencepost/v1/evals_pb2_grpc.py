@@ -54,14 +54,17 @@ class EvalServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -141,14 +144,17 @@ class EvalServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def PutEvalRun(self, request, context):
@@ -326,14 +332,17 @@ class EvalService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry (every write here is idempotent) or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

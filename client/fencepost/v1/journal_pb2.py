@@ -22,39 +22,48 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fencepost.v1 import errors_pb2 as fencepost_dot_v1_dot_errors__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65ncepost/v1/journal.proto\x12\x0c\x66\x65ncepost.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x02\n\nTurnRecord\x12\n\n\x02\x61t\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nchannel_id\x18\x03 \x01(\t\x12(\n\x06status\x18\x04 \x01(\x0e\x32\x18.fencepost.v1.TurnStatus\x12\x12\n\x05title\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0csdk_agent_id\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cuser_message\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x13\n\x06result\x18\x08 \x01(\tH\x03\x88\x01\x01\x12&\n\x05usage\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65xtra\x18\n \x01(\x0b\x32\x17.google.protobuf.StructB\x08\n\x06_titleB\x0f\n\r_sdk_agent_idB\x0f\n\r_user_messageB\t\n\x07_result\"`\n\x11\x41ppendTurnRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x18.fencepost.v1.TurnRecord\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\'\n\x12\x41ppendTurnResponse\x12\x11\n\trecord_id\x18\x01 \x01(\t\"#\n\x12ReadJournalRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"]\n\x13ReadJournalResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12\r\n\x05\x63hunk\x18\x04 \x01(\x0c\"r\n\x07\x41rchive\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\x0brotate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\x13ListArchivesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"X\n\x14ListArchivesResponse\x12\'\n\x08\x61rchives\x18\x01 \x03(\x0b\x32\x15.fencepost.v1.Archive\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"1\n\x12ReadArchiveRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"N\n\x13ReadArchiveResponse\x12\x12\n\nsize_bytes\x18\x01 \x01(\x03\x12\x14\n\x0crecord_count\x18\x02 \x01(\x03\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c*\\\n\nTurnStatus\x12\x1b\n\x17TURN_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_STATUS_COMPLETED\x10\x01\x12\x16\n\x12TURN_STATUS_FAILED\x10\x02\x32\xe4\x02\n\x0eJournalService\x12O\n\nAppendTurn\x12\x1f.fencepost.v1.AppendTurnRequest\x1a .fencepost.v1.AppendTurnResponse\x12T\n\x0bReadJournal\x12 .fencepost.v1.ReadJournalRequest\x1a!.fencepost.v1.ReadJournalResponse0\x01\x12U\n\x0cListArchives\x12!.fencepost.v1.ListArchivesRequest\x1a\".fencepost.v1.ListArchivesResponse\x12T\n\x0bReadArchive\x12 .fencepost.v1.ReadArchiveRequest\x1a!.fencepost.v1.ReadArchiveResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65ncepost/v1/journal.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x02\n\nTurnRecord\x12\n\n\x02\x61t\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nchannel_id\x18\x03 \x01(\t\x12(\n\x06status\x18\x04 \x01(\x0e\x32\x18.fencepost.v1.TurnStatus\x12\x12\n\x05title\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0csdk_agent_id\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cuser_message\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x13\n\x06result\x18\x08 \x01(\tH\x03\x88\x01\x01\x12&\n\x05usage\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65xtra\x18\n \x01(\x0b\x32\x17.google.protobuf.StructB\x08\n\x06_titleB\x0f\n\r_sdk_agent_idB\x0f\n\r_user_messageB\t\n\x07_result\"`\n\x11\x41ppendTurnRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x18.fencepost.v1.TurnRecord\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\'\n\x12\x41ppendTurnResponse\x12\x11\n\trecord_id\x18\x01 \x01(\t\"#\n\x12ReadJournalRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"]\n\x13ReadJournalResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12\r\n\x05\x63hunk\x18\x04 \x01(\x0c\"r\n\x07\x41rchive\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\x0brotate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\x13ListArchivesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"X\n\x14ListArchivesResponse\x12\'\n\x08\x61rchives\x18\x01 \x03(\x0b\x32\x15.fencepost.v1.Archive\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"1\n\x12ReadArchiveRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"N\n\x13ReadArchiveResponse\x12\x12\n\nsize_bytes\x18\x01 \x01(\x03\x12\x14\n\x0crecord_count\x18\x02 \x01(\x03\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c*\\\n\nTurnStatus\x12\x1b\n\x17TURN_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_STATUS_COMPLETED\x10\x01\x12\x16\n\x12TURN_STATUS_FAILED\x10\x02\x32\x85\x03\n\x0eJournalService\x12W\n\nAppendTurn\x12\x1f.fencepost.v1.AppendTurnRequest\x1a .fencepost.v1.AppendTurnResponse\"\x06\xca\xa5\x19\x02\x15\n\x12T\n\x0bReadJournal\x12 .fencepost.v1.ReadJournalRequest\x1a!.fencepost.v1.ReadJournalResponse0\x01\x12]\n\x0cListArchives\x12!.fencepost.v1.ListArchivesRequest\x1a\".fencepost.v1.ListArchivesResponse\"\x06\xca\xa5\x19\x02\x08\x07\x12[\n\x0bReadArchive\x12 .fencepost.v1.ReadArchiveRequest\x1a!.fencepost.v1.ReadArchiveResponse\"\x05\xca\xa5\x19\x01\x1a\x30\x01\x1a\x08\xca\xa5\x19\x04\"\x19\x0c\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencepost.v1.journal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TURNSTATUS']._serialized_start=1131
-  _globals['_TURNSTATUS']._serialized_end=1223
-  _globals['_TURNRECORD']._serialized_start=108
-  _globals['_TURNRECORD']._serialized_end=444
-  _globals['_APPENDTURNREQUEST']._serialized_start=446
-  _globals['_APPENDTURNREQUEST']._serialized_end=542
-  _globals['_APPENDTURNRESPONSE']._serialized_start=544
-  _globals['_APPENDTURNRESPONSE']._serialized_end=583
-  _globals['_READJOURNALREQUEST']._serialized_start=585
-  _globals['_READJOURNALREQUEST']._serialized_end=620
-  _globals['_READJOURNALRESPONSE']._serialized_start=622
-  _globals['_READJOURNALRESPONSE']._serialized_end=715
-  _globals['_ARCHIVE']._serialized_start=717
-  _globals['_ARCHIVE']._serialized_end=831
-  _globals['_LISTARCHIVESREQUEST']._serialized_start=833
-  _globals['_LISTARCHIVESREQUEST']._serialized_end=908
-  _globals['_LISTARCHIVESRESPONSE']._serialized_start=910
-  _globals['_LISTARCHIVESRESPONSE']._serialized_end=998
-  _globals['_READARCHIVEREQUEST']._serialized_start=1000
-  _globals['_READARCHIVEREQUEST']._serialized_end=1049
-  _globals['_READARCHIVERESPONSE']._serialized_start=1051
-  _globals['_READARCHIVERESPONSE']._serialized_end=1129
-  _globals['_JOURNALSERVICE']._serialized_start=1226
-  _globals['_JOURNALSERVICE']._serialized_end=1582
+  _globals['_JOURNALSERVICE']._loaded_options = None
+  _globals['_JOURNALSERVICE']._serialized_options = b'\312\245\031\004\"\031\014\r'
+  _globals['_JOURNALSERVICE'].methods_by_name['AppendTurn']._loaded_options = None
+  _globals['_JOURNALSERVICE'].methods_by_name['AppendTurn']._serialized_options = b'\312\245\031\002\025\n'
+  _globals['_JOURNALSERVICE'].methods_by_name['ListArchives']._loaded_options = None
+  _globals['_JOURNALSERVICE'].methods_by_name['ListArchives']._serialized_options = b'\312\245\031\002\010\007'
+  _globals['_JOURNALSERVICE'].methods_by_name['ReadArchive']._loaded_options = None
+  _globals['_JOURNALSERVICE'].methods_by_name['ReadArchive']._serialized_options = b'\312\245\031\001\032'
+  _globals['_TURNSTATUS']._serialized_start=1158
+  _globals['_TURNSTATUS']._serialized_end=1250
+  _globals['_TURNRECORD']._serialized_start=135
+  _globals['_TURNRECORD']._serialized_end=471
+  _globals['_APPENDTURNREQUEST']._serialized_start=473
+  _globals['_APPENDTURNREQUEST']._serialized_end=569
+  _globals['_APPENDTURNRESPONSE']._serialized_start=571
+  _globals['_APPENDTURNRESPONSE']._serialized_end=610
+  _globals['_READJOURNALREQUEST']._serialized_start=612
+  _globals['_READJOURNALREQUEST']._serialized_end=647
+  _globals['_READJOURNALRESPONSE']._serialized_start=649
+  _globals['_READJOURNALRESPONSE']._serialized_end=742
+  _globals['_ARCHIVE']._serialized_start=744
+  _globals['_ARCHIVE']._serialized_end=858
+  _globals['_LISTARCHIVESREQUEST']._serialized_start=860
+  _globals['_LISTARCHIVESREQUEST']._serialized_end=935
+  _globals['_LISTARCHIVESRESPONSE']._serialized_start=937
+  _globals['_LISTARCHIVESRESPONSE']._serialized_end=1025
+  _globals['_READARCHIVEREQUEST']._serialized_start=1027
+  _globals['_READARCHIVEREQUEST']._serialized_end=1076
+  _globals['_READARCHIVERESPONSE']._serialized_start=1078
+  _globals['_READARCHIVERESPONSE']._serialized_end=1156
+  _globals['_JOURNALSERVICE']._serialized_start=1253
+  _globals['_JOURNALSERVICE']._serialized_end=1642
 # @@protoc_insertion_point(module_scope)

@@ -43,14 +43,17 @@ class KvServiceStub:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -129,19 +132,24 @@ class KvServiceServicer:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def Put(self, request, context):
         """Put writes or overwrites a key and returns its new version.
-        Errors: the common ones. Idempotent when retried with the same request_id.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+        request_id was used for a different request). Idempotent when retried
+        with the same request_id.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -159,7 +167,7 @@ class KvServiceServicer:
 
     def Delete(self, request, context):
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-        Errors: the common ones.
+        Errors: the common ones; REQUEST_ID_REUSED as Put.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -235,7 +243,9 @@ class KvServiceServicer:
         `succeeded = false`, not an error.
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
         operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-        TXN_DUPLICATE_KEY (one key named twice in one branch).
+        TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
+        as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
+        concurrent writers: retry the whole transaction).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -321,14 +331,17 @@ class KvService:
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

@@ -44,14 +44,17 @@ class KvServiceStub:
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -60,7 +63,9 @@ class KvServiceStub:
     def __new__(cls, channel: _aio.Channel) -> KvServiceAsyncStub: ...
     Put: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]
     """Put writes or overwrites a key and returns its new version.
-    Errors: the common ones. Idempotent when retried with the same request_id.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+    request_id was used for a different request). Idempotent when retried
+    with the same request_id.
     Roles: service and operator.
     """
     Get: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]
@@ -70,7 +75,7 @@ class KvServiceStub:
     """
     Delete: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-    Errors: the common ones.
+    Errors: the common ones; REQUEST_ID_REUSED as Put.
     Roles: service and operator.
     """
     List: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]
@@ -118,7 +123,9 @@ class KvServiceStub:
     `succeeded = false`, not an error.
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
     operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-    TXN_DUPLICATE_KEY (one key named twice in one branch).
+    TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
+    as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
+    concurrent writers: retry the whole transaction).
     Roles: service and operator.
     """
 
@@ -141,20 +148,25 @@ class KvServiceAsyncStub(KvServiceStub):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Put: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutRequest, _kv_pb2.PutResponse]  # type: ignore[assignment]
     """Put writes or overwrites a key and returns its new version.
-    Errors: the common ones. Idempotent when retried with the same request_id.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+    request_id was used for a different request). Idempotent when retried
+    with the same request_id.
     Roles: service and operator.
     """
     Get: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]  # type: ignore[assignment]
@@ -164,7 +176,7 @@ class KvServiceAsyncStub(KvServiceStub):
     """
     Delete: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]  # type: ignore[assignment]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-    Errors: the common ones.
+    Errors: the common ones; REQUEST_ID_REUSED as Put.
     Roles: service and operator.
     """
     List: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]  # type: ignore[assignment]
@@ -212,7 +224,9 @@ class KvServiceAsyncStub(KvServiceStub):
     `succeeded = false`, not an error.
     Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
     operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-    TXN_DUPLICATE_KEY (one key named twice in one branch).
+    TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
+    as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
+    concurrent writers: retry the whole transaction).
     Roles: service and operator.
     """
 
@@ -234,14 +248,17 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
       Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Re-read before retrying, or retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -251,7 +268,9 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kv_pb2.PutResponse, _abc.Awaitable[_kv_pb2.PutResponse]]:
         """Put writes or overwrites a key and returns its new version.
-        Errors: the common ones. Idempotent when retried with the same request_id.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
+        request_id was used for a different request). Idempotent when retried
+        with the same request_id.
         Roles: service and operator.
         """
 
@@ -273,7 +292,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kv_pb2.DeleteResponse, _abc.Awaitable[_kv_pb2.DeleteResponse]]:
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
-        Errors: the common ones.
+        Errors: the common ones; REQUEST_ID_REUSED as Put.
         Roles: service and operator.
         """
 
@@ -363,7 +382,9 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         `succeeded = false`, not an error.
         Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
         operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-        TXN_DUPLICATE_KEY (one key named twice in one branch).
+        TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
+        as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
+        concurrent writers: retry the whole transaction).
         Roles: service and operator.
         """
 

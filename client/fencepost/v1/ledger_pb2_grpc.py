@@ -44,14 +44,17 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -159,14 +162,17 @@ class LedgerServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -240,7 +246,8 @@ class LedgerServiceServicer:
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -266,7 +273,8 @@ class LedgerServiceServicer:
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -309,7 +317,8 @@ class LedgerServiceServicer:
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         Roles: service and operator.
         """
@@ -449,14 +458,17 @@ class LedgerService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Retry with the same commit_id / dedupe_key / holder (every
     mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,

@@ -45,14 +45,17 @@ class LedgerServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -110,7 +113,8 @@ class LedgerServiceStub:
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     Roles: service and operator.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
@@ -128,7 +132,8 @@ class LedgerServiceStub:
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     Roles: service and operator.
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]
@@ -159,7 +164,8 @@ class LedgerServiceStub:
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     Roles: service and operator.
     """
@@ -204,14 +210,17 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -266,7 +275,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; the common ones.
+    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+    kept changing under concurrent writers: retry); the common ones.
     Roles: service and operator.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
@@ -284,7 +294,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     janitor then hands the session to a ClaimOrphan caller).
     Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-    hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+    hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+    (deliveries kept racing the release: retry); the common ones.
     Roles: service and operator.
     """
     Commit: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]  # type: ignore[assignment]
@@ -315,7 +326,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     nothing and returns the original inbox id, also after it was consumed.
     With try_lease it then tries the lease for that holder.
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-    (by session_id); the common ones (retry with the same dedupe_key).
+    (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+    concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     Roles: service and operator.
     """
@@ -359,14 +371,17 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
       unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown ones
+      (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
       issued by this deployment to this tenant for this listing with these
       parameters, or was altered or truncated. Nothing is listed; restart
       without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-      / PERMISSION_DENIED: the caller's role may not make this call (metadata
-      `role`); each RPC's `Roles:` line says who may, and the README's
-      security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -455,7 +470,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; the common ones.
+        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
+        kept changing under concurrent writers: retry); the common ones.
         Roles: service and operator.
         """
 
@@ -485,7 +501,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         janitor then hands the session to a ClaimOrphan caller).
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`: drain
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
-        hold it: nothing to release); SESSION_NOT_FOUND; the common ones.
+        hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
+        (deliveries kept racing the release: retry); the common ones.
         Roles: service and operator.
         """
 
@@ -534,7 +551,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         nothing and returns the original inbox id, also after it was consumed.
         With try_lease it then tries the lease for that holder.
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
-        (by session_id); the common ones (retry with the same dedupe_key).
+        (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
+        concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         Roles: service and operator.
         """

@@ -22,48 +22,63 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fencepost.v1 import errors_pb2 as fencepost_dot_v1_dot_errors__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65ncepost/v1/schedule.proto\x12\x0c\x66\x65ncepost.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n\x08Reminder\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rafter_seconds\x18\x03 \x01(\x03\x12\x30\n\x0cscheduled_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06status\x18\x05 \x01(\x0e\x32\x1c.fencepost.v1.ReminderStatus\x12\x31\n\rdelivery_mode\x18\x06 \x01(\x0e\x32\x1a.fencepost.v1.DeliveryMode\x12\x0b\n\x03seq\x18\x07 \x01(\x03\"-\n\x0eRejectedRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd6\x01\n\x15\x43reateReminderRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\rafter_seconds\x18\x04 \x01(\x03H\x00\x12(\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x17\n\revery_seconds\x18\x06 \x01(\x03H\x00\x12\x0e\n\x04\x63ron\x18\x07 \x01(\tH\x00\x12\x11\n\ttime_zone\x18\x08 \x01(\tB\x06\n\x04rule\"O\n\x16\x43reateReminderResponse\x12(\n\x08reminder\x18\x01 \x01(\x0b\x32\x16.fencepost.v1.Reminder\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"K\n\x15\x44\x65leteReminderRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\"4\n\x16\x44\x65leteReminderResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"Q\n\x14ListRemindersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xcf\x01\n\x15ListRemindersResponse\x12)\n\treminders\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.Reminder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tread_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x10rejected_records\x18\x05 \x03(\x0b\x32\x1c.fencepost.v1.RejectedRecord\"P\n\x13\x44ueRemindersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xce\x01\n\x14\x44ueRemindersResponse\x12)\n\treminders\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.Reminder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tread_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x10rejected_records\x18\x05 \x03(\x0b\x32\x1c.fencepost.v1.RejectedRecord\"E\n\x0f\x44ispatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\"3\n\x10\x44ispatchResponse\x12\x12\n\ndispatched\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"9\n\x0fWatchDueRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"<\n\x10WatchDueResponse\x12(\n\x08reminder\x18\x01 \x01(\x0b\x32\x16.fencepost.v1.Reminder*m\n\x0eReminderStatus\x12\x1f\n\x1bREMINDER_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19REMINDER_STATUS_SCHEDULED\x10\x01\x12\x1b\n\x17REMINDER_STATUS_OVERDUE\x10\x02*N\n\x0c\x44\x65liveryMode\x12\x1d\n\x19\x44\x45LIVERY_MODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x44\x45LIVERY_MODE_SESSION_LOCAL\x10\x01\x32\x94\x04\n\x0fScheduleService\x12[\n\x0e\x43reateReminder\x12#.fencepost.v1.CreateReminderRequest\x1a$.fencepost.v1.CreateReminderResponse\x12[\n\x0e\x44\x65leteReminder\x12#.fencepost.v1.DeleteReminderRequest\x1a$.fencepost.v1.DeleteReminderResponse\x12X\n\rListReminders\x12\".fencepost.v1.ListRemindersRequest\x1a#.fencepost.v1.ListRemindersResponse\x12U\n\x0c\x44ueReminders\x12!.fencepost.v1.DueRemindersRequest\x1a\".fencepost.v1.DueRemindersResponse\x12I\n\x08\x44ispatch\x12\x1d.fencepost.v1.DispatchRequest\x1a\x1e.fencepost.v1.DispatchResponse\x12K\n\x08WatchDue\x12\x1d.fencepost.v1.WatchDueRequest\x1a\x1e.fencepost.v1.WatchDueResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65ncepost/v1/schedule.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n\x08Reminder\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rafter_seconds\x18\x03 \x01(\x03\x12\x30\n\x0cscheduled_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06status\x18\x05 \x01(\x0e\x32\x1c.fencepost.v1.ReminderStatus\x12\x31\n\rdelivery_mode\x18\x06 \x01(\x0e\x32\x1a.fencepost.v1.DeliveryMode\x12\x0b\n\x03seq\x18\x07 \x01(\x03\"-\n\x0eRejectedRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd6\x01\n\x15\x43reateReminderRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\rafter_seconds\x18\x04 \x01(\x03H\x00\x12(\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x17\n\revery_seconds\x18\x06 \x01(\x03H\x00\x12\x0e\n\x04\x63ron\x18\x07 \x01(\tH\x00\x12\x11\n\ttime_zone\x18\x08 \x01(\tB\x06\n\x04rule\"O\n\x16\x43reateReminderResponse\x12(\n\x08reminder\x18\x01 \x01(\x0b\x32\x16.fencepost.v1.Reminder\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"K\n\x15\x44\x65leteReminderRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\"4\n\x16\x44\x65leteReminderResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"Q\n\x14ListRemindersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xcf\x01\n\x15ListRemindersResponse\x12)\n\treminders\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.Reminder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tread_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x10rejected_records\x18\x05 \x03(\x0b\x32\x1c.fencepost.v1.RejectedRecord\"P\n\x13\x44ueRemindersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xce\x01\n\x14\x44ueRemindersResponse\x12)\n\treminders\x18\x01 \x03(\x0b\x32\x16.fencepost.v1.Reminder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tread_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x10rejected_records\x18\x05 \x03(\x0b\x32\x1c.fencepost.v1.RejectedRecord\"E\n\x0f\x44ispatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\"3\n\x10\x44ispatchResponse\x12\x12\n\ndispatched\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"9\n\x0fWatchDueRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"<\n\x10WatchDueResponse\x12(\n\x08reminder\x18\x01 \x01(\x0b\x32\x16.fencepost.v1.Reminder*m\n\x0eReminderStatus\x12\x1f\n\x1bREMINDER_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19REMINDER_STATUS_SCHEDULED\x10\x01\x12\x1b\n\x17REMINDER_STATUS_OVERDUE\x10\x02*N\n\x0c\x44\x65liveryMode\x12\x1d\n\x19\x44\x45LIVERY_MODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x44\x45LIVERY_MODE_SESSION_LOCAL\x10\x01\x32\xd2\x04\n\x0fScheduleService\x12\x66\n\x0e\x43reateReminder\x12#.fencepost.v1.CreateReminderRequest\x1a$.fencepost.v1.CreateReminderResponse\"\t\xca\xa5\x19\x05\x1f \x15\x10\x06\x12\x64\n\x0e\x44\x65leteReminder\x12#.fencepost.v1.DeleteReminderRequest\x1a$.fencepost.v1.DeleteReminderResponse\"\x07\xca\xa5\x19\x03 \x10\x06\x12`\n\rListReminders\x12\".fencepost.v1.ListRemindersRequest\x1a#.fencepost.v1.ListRemindersResponse\"\x06\xca\xa5\x19\x02\x08\x07\x12]\n\x0c\x44ueReminders\x12!.fencepost.v1.DueRemindersRequest\x1a\".fencepost.v1.DueRemindersResponse\"\x06\xca\xa5\x19\x02\x08\x07\x12R\n\x08\x44ispatch\x12\x1d.fencepost.v1.DispatchRequest\x1a\x1e.fencepost.v1.DispatchResponse\"\x07\xca\xa5\x19\x03\x10 \x06\x12R\n\x08WatchDue\x12\x1d.fencepost.v1.WatchDueRequest\x1a\x1e.fencepost.v1.WatchDueResponse\"\x05\xca\xa5\x19\x01\x10\x30\x01\x1a\x08\xca\xa5\x19\x04\"\x0e\x0c\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencepost.v1.schedule_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REMINDERSTATUS']._serialized_start=1607
-  _globals['_REMINDERSTATUS']._serialized_end=1716
-  _globals['_DELIVERYMODE']._serialized_start=1718
-  _globals['_DELIVERYMODE']._serialized_end=1796
-  _globals['_REMINDER']._serialized_start=79
-  _globals['_REMINDER']._serialized_end=300
-  _globals['_REJECTEDRECORD']._serialized_start=302
-  _globals['_REJECTEDRECORD']._serialized_end=347
-  _globals['_CREATEREMINDERREQUEST']._serialized_start=350
-  _globals['_CREATEREMINDERREQUEST']._serialized_end=564
-  _globals['_CREATEREMINDERRESPONSE']._serialized_start=566
-  _globals['_CREATEREMINDERRESPONSE']._serialized_end=645
-  _globals['_DELETEREMINDERREQUEST']._serialized_start=647
-  _globals['_DELETEREMINDERREQUEST']._serialized_end=722
-  _globals['_DELETEREMINDERRESPONSE']._serialized_start=724
-  _globals['_DELETEREMINDERRESPONSE']._serialized_end=776
-  _globals['_LISTREMINDERSREQUEST']._serialized_start=778
-  _globals['_LISTREMINDERSREQUEST']._serialized_end=859
-  _globals['_LISTREMINDERSRESPONSE']._serialized_start=862
-  _globals['_LISTREMINDERSRESPONSE']._serialized_end=1069
-  _globals['_DUEREMINDERSREQUEST']._serialized_start=1071
-  _globals['_DUEREMINDERSREQUEST']._serialized_end=1151
-  _globals['_DUEREMINDERSRESPONSE']._serialized_start=1154
-  _globals['_DUEREMINDERSRESPONSE']._serialized_end=1360
-  _globals['_DISPATCHREQUEST']._serialized_start=1362
-  _globals['_DISPATCHREQUEST']._serialized_end=1431
-  _globals['_DISPATCHRESPONSE']._serialized_start=1433
-  _globals['_DISPATCHRESPONSE']._serialized_end=1484
-  _globals['_WATCHDUEREQUEST']._serialized_start=1486
-  _globals['_WATCHDUEREQUEST']._serialized_end=1543
-  _globals['_WATCHDUERESPONSE']._serialized_start=1545
-  _globals['_WATCHDUERESPONSE']._serialized_end=1605
-  _globals['_SCHEDULESERVICE']._serialized_start=1799
-  _globals['_SCHEDULESERVICE']._serialized_end=2331
+  _globals['_SCHEDULESERVICE']._loaded_options = None
+  _globals['_SCHEDULESERVICE']._serialized_options = b'\312\245\031\004\"\016\014\r'
+  _globals['_SCHEDULESERVICE'].methods_by_name['CreateReminder']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['CreateReminder']._serialized_options = b'\312\245\031\005\037 \025\020\006'
+  _globals['_SCHEDULESERVICE'].methods_by_name['DeleteReminder']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['DeleteReminder']._serialized_options = b'\312\245\031\003 \020\006'
+  _globals['_SCHEDULESERVICE'].methods_by_name['ListReminders']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['ListReminders']._serialized_options = b'\312\245\031\002\010\007'
+  _globals['_SCHEDULESERVICE'].methods_by_name['DueReminders']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['DueReminders']._serialized_options = b'\312\245\031\002\010\007'
+  _globals['_SCHEDULESERVICE'].methods_by_name['Dispatch']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['Dispatch']._serialized_options = b'\312\245\031\003\020 \006'
+  _globals['_SCHEDULESERVICE'].methods_by_name['WatchDue']._loaded_options = None
+  _globals['_SCHEDULESERVICE'].methods_by_name['WatchDue']._serialized_options = b'\312\245\031\001\020'
+  _globals['_REMINDERSTATUS']._serialized_start=1634
+  _globals['_REMINDERSTATUS']._serialized_end=1743
+  _globals['_DELIVERYMODE']._serialized_start=1745
+  _globals['_DELIVERYMODE']._serialized_end=1823
+  _globals['_REMINDER']._serialized_start=106
+  _globals['_REMINDER']._serialized_end=327
+  _globals['_REJECTEDRECORD']._serialized_start=329
+  _globals['_REJECTEDRECORD']._serialized_end=374
+  _globals['_CREATEREMINDERREQUEST']._serialized_start=377
+  _globals['_CREATEREMINDERREQUEST']._serialized_end=591
+  _globals['_CREATEREMINDERRESPONSE']._serialized_start=593
+  _globals['_CREATEREMINDERRESPONSE']._serialized_end=672
+  _globals['_DELETEREMINDERREQUEST']._serialized_start=674
+  _globals['_DELETEREMINDERREQUEST']._serialized_end=749
+  _globals['_DELETEREMINDERRESPONSE']._serialized_start=751
+  _globals['_DELETEREMINDERRESPONSE']._serialized_end=803
+  _globals['_LISTREMINDERSREQUEST']._serialized_start=805
+  _globals['_LISTREMINDERSREQUEST']._serialized_end=886
+  _globals['_LISTREMINDERSRESPONSE']._serialized_start=889
+  _globals['_LISTREMINDERSRESPONSE']._serialized_end=1096
+  _globals['_DUEREMINDERSREQUEST']._serialized_start=1098
+  _globals['_DUEREMINDERSREQUEST']._serialized_end=1178
+  _globals['_DUEREMINDERSRESPONSE']._serialized_start=1181
+  _globals['_DUEREMINDERSRESPONSE']._serialized_end=1387
+  _globals['_DISPATCHREQUEST']._serialized_start=1389
+  _globals['_DISPATCHREQUEST']._serialized_end=1458
+  _globals['_DISPATCHRESPONSE']._serialized_start=1460
+  _globals['_DISPATCHRESPONSE']._serialized_end=1511
+  _globals['_WATCHDUEREQUEST']._serialized_start=1513
+  _globals['_WATCHDUEREQUEST']._serialized_end=1570
+  _globals['_WATCHDUERESPONSE']._serialized_start=1572
+  _globals['_WATCHDUERESPONSE']._serialized_end=1632
+  _globals['_SCHEDULESERVICE']._serialized_start=1826
+  _globals['_SCHEDULESERVICE']._serialized_end=2420
 # @@protoc_insertion_point(module_scope)

@@ -49,14 +49,17 @@ class ScheduleServiceStub:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -121,14 +124,17 @@ class ScheduleServiceServicer:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def CreateReminder(self, request, context):
@@ -282,14 +288,17 @@ class ScheduleService:
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
     unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+    (README, "Security"), the call presented no credentials or unknown ones
+    (bearer token, client certificate, SPIFFE id). Fix the credentials.
     - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
     issued by this deployment to this tenant for this listing with these
     parameters, or was altered or truncated. Nothing is listed; restart
     without a token. Tokens are sealed: they reveal no key or position.
-    - UNAUTHENTICATED / UNAUTHENTICATED: no valid credentials. PERMISSION_DENIED
-    / PERMISSION_DENIED: the caller's role may not make this call (metadata
-    `role`); each RPC's `Roles:` line says who may, and the README's
-    security section has the whole table. Do not retry as is.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

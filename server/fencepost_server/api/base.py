@@ -94,7 +94,7 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     elif isinstance(exc, InvalidTransaction):
         code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
     else:
-        code, reason, message, metadata, field = Code.INTERNAL, "INTERNAL", "internal error", {}, None
+        code, reason, message, metadata, field = Code.INTERNAL, reasons.INTERNAL, "internal error", {}, None
     info = error_details_pb2.ErrorInfo(reason=reason, domain=reasons.DOMAIN, metadata=metadata)
     details = [_pack(info)]
     if field is not None:

@@ -1,0 +1,88 @@
+// One call wrapper for every RPC: deadline, metadata, typed errors, and
+// retries of UNAVAILABLE only for safe calls (the Python SDK's rules,
+// client/fencepost/_call.py): reads, and writes that carry a request id
+// (the client fills one in), so a retried write applies once.
+import { CallOptions as GrpcCallOptions, ClientUnaryCall, Metadata, ServiceError, status } from "@grpc/grpc-js";
+
+import { FencepostError, fromServiceError } from "./errors";
+
+export interface RetryPolicy {
+  maxAttempts: number;
+  initialBackoffMs: number;
+  maxBackoffMs: number;
+  multiplier: number;
+}
+
+export const DEFAULT_RETRY: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 50, maxBackoffMs: 2000, multiplier: 2 };
+export const NO_RETRY: RetryPolicy = { ...DEFAULT_RETRY, maxAttempts: 1 };
+
+/** Full-jitter exponential backoff delays: one per retry. */
+export function backoffDelays(policy: RetryPolicy): number[] {
+  const out: number[] = [];
+  let delay = policy.initialBackoffMs;
+  for (let i = 0; i < policy.maxAttempts - 1; i++) {
+    out.push(Math.random() * delay);
+    delay = Math.min(delay * policy.multiplier, policy.maxBackoffMs);
+  }
+  return out;
+}
+
+/** Per-call options (each defaults to the client's). */
+export interface CallOptions {
+  /** Overall deadline across retries, in milliseconds. */
+  timeoutMs?: number;
+  metadata?: Record<string, string>;
+  retry?: RetryPolicy;
+}
+
+/** A generated unary method, bound to its client. */
+export type UnaryMethod<Req, Res> = (
+  request: Req,
+  metadata: Metadata,
+  options: Partial<GrpcCallOptions>,
+  callback: (error: ServiceError | null, response: Res) => void,
+) => ClientUnaryCall;
+
+function toMetadata(...maps: (Record<string, string> | undefined)[]): Metadata {
+  const md = new Metadata();
+  for (const map of maps) for (const [k, v] of Object.entries(map ?? {})) md.add(k, v);
+  return md;
+}
+
+function once<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, md: Metadata, remainingMs?: number): Promise<Res> {
+  const options: Partial<GrpcCallOptions> = remainingMs === undefined ? {} : { deadline: new Date(Date.now() + remainingMs) };
+  return new Promise((resolve, reject) => {
+    method(request, md, options, (err, res) => (err ? reject(fromServiceError(err)) : resolve(res)));
+  });
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Calls `method` within the deadline; retries UNAVAILABLE only when `safe`. */
+export async function callUnary<Req, Res>(
+  method: UnaryMethod<Req, Res>,
+  request: Req,
+  safe: boolean,
+  defaults: CallOptions,
+  options: CallOptions = {},
+): Promise<Res> {
+  const timeoutMs = options.timeoutMs ?? defaults.timeoutMs;
+  const deadline = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
+  const delays = safe ? backoffDelays(options.retry ?? defaults.retry ?? DEFAULT_RETRY) : [];
+  const md = toMetadata(defaults.metadata, options.metadata);
+  for (let attempt = 0; ; attempt++) {
+    const remaining = deadline === undefined ? undefined : deadline - Date.now();
+    if (remaining !== undefined && remaining <= 0) {
+      throw new FencepostError({ code: status.DEADLINE_EXCEEDED, message: "deadline exceeded before the call could be (re)tried" });
+    }
+    try {
+      return await once(method, request, md, remaining);
+    } catch (e) {
+      const err = e as FencepostError;
+      const retryable = safe && err.code === status.UNAVAILABLE;
+      if (attempt >= delays.length || !retryable) throw err;
+      if (deadline !== undefined && Date.now() + delays[attempt] >= deadline) throw err;
+      await sleep(delays[attempt]);
+    }
+  }
+}

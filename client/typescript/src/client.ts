@@ -1,0 +1,209 @@
+// FencepostClient: one channel, every generated service client, and typed
+// helpers for KV / compare-and-set and the ledger calls a session needs.
+// Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`.
+import { randomUUID } from "node:crypto";
+
+import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
+
+import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import { EvalServiceClient } from "./gen/fencepost/v1/evals";
+import { JournalServiceClient } from "./gen/fencepost/v1/journal";
+import { Compare, KeyValue, KvServiceClient, TxnOp, TxnResponse } from "./gen/fencepost/v1/kv";
+import { Lease, LedgerServiceClient, Session } from "./gen/fencepost/v1/ledger";
+import { MemoryServiceClient } from "./gen/fencepost/v1/memory";
+import { ScheduleServiceClient } from "./gen/fencepost/v1/schedule";
+import { StoreApiServiceClient } from "./gen/fencepost/v1/store_api";
+
+export interface ClientOptions extends CallOptions {
+  /** Default: insecure (loopback development). */
+  credentials?: ChannelCredentials;
+  channelOptions?: ChannelOptions;
+}
+
+/** An entry read with its version. */
+export interface Entry {
+  key: string;
+  value: Buffer;
+  version: string;
+}
+
+/** The outcome of a compare-and-set: a failed compare is a result, not an error. */
+export interface CasResult {
+  applied: boolean;
+  /** The new version when applied, else the current one ("" when absent). */
+  version: string;
+}
+
+export interface Page<T> {
+  items: T[];
+  nextPageToken: string;
+}
+
+export interface WriteOptions extends CallOptions {
+  /** AIP-155 request id; filled in when absent, which makes the write safe to retry. */
+  requestId?: string;
+}
+
+export interface TxnRequestInit {
+  compares?: Compare[];
+  successOps?: TxnOp[];
+  failureOps?: TxnOp[];
+}
+
+const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
+
+export class FencepostClient {
+  readonly channel: Channel;
+  readonly kv: KvServiceClient;
+  readonly ledger: LedgerServiceClient;
+  readonly memory: MemoryServiceClient;
+  readonly journal: JournalServiceClient;
+  readonly storeApi: StoreApiServiceClient;
+  readonly schedule: ScheduleServiceClient;
+  readonly evals: EvalServiceClient;
+  private readonly defaults: CallOptions;
+
+  constructor(target: string, options: ClientOptions = {}) {
+    const creds = options.credentials ?? grpcCredentials.createInsecure();
+    this.channel = new Channel(target, creds, options.channelOptions ?? {});
+    const shared = { channelOverride: this.channel };
+    this.kv = new KvServiceClient(target, creds, shared);
+    this.ledger = new LedgerServiceClient(target, creds, shared);
+    this.memory = new MemoryServiceClient(target, creds, shared);
+    this.journal = new JournalServiceClient(target, creds, shared);
+    this.storeApi = new StoreApiServiceClient(target, creds, shared);
+    this.schedule = new ScheduleServiceClient(target, creds, shared);
+    this.evals = new EvalServiceClient(target, creds, shared);
+    this.defaults = { timeoutMs: options.timeoutMs, metadata: options.metadata, retry: options.retry ?? DEFAULT_RETRY };
+  }
+
+  close(): void {
+    this.channel.close();
+  }
+
+  /** Any unary RPC with the client's deadline, metadata and retry rules.
+   * `safe`: a read, or a write carrying a request id (retried on UNAVAILABLE). */
+  call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, options: CallOptions & { safe: boolean }): Promise<Res> {
+    return callUnary(method, request, options.safe, this.defaults, options);
+  }
+
+  // -- KV ------------------------------------------------------------------
+  async put(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<string> {
+    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? randomUUID() };
+    return (await this.call(this.kv.put.bind(this.kv), req, { ...options, safe: true })).version;
+  }
+
+  /** The entry, or null on a miss (a miss is never an error). */
+  async get(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    const res = await this.call(this.kv.get.bind(this.kv), { key }, { ...options, safe: true });
+    return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
+  }
+
+  async getWithVersion(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    const res = await this.call(this.kv.getWithVersion.bind(this.kv), { key }, { ...options, safe: true });
+    return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
+  }
+
+  /** Whether the key existed. */
+  async delete(key: string, options: WriteOptions = {}): Promise<boolean> {
+    const req = { key, requestId: options.requestId ?? randomUUID() };
+    return (await this.call(this.kv.delete.bind(this.kv), req, { ...options, safe: true })).existed;
+  }
+
+  async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
+    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? randomUUID() };
+    const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: true });
+    return { applied: res.applied, version: res.version };
+  }
+
+  async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
+    const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? randomUUID() };
+    const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: true });
+    return { applied: res.applied, version: res.version };
+  }
+
+  async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
+    const req = { key, expectedVersion, requestId: options.requestId ?? randomUUID() };
+    const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: true });
+    return { applied: res.applied, version: res.version };
+  }
+
+  /** One page of entries under `prefix` (AIP-158: an empty token ends the listing). */
+  async list(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<Entry>> {
+    const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
+    const res = await this.call(this.kv.list.bind(this.kv), req, { ...options, safe: true });
+    return { items: res.entries.map((e: KeyValue) => ({ ...e, value: Buffer.from(e.value) })), nextPageToken: res.nextPageToken };
+  }
+
+  /** Every entry under `prefix`, page after page. */
+  async *listAll(prefix: string, pageSize = 0, options: CallOptions = {}): AsyncGenerator<Entry> {
+    let pageToken = "";
+    do {
+      const page = await this.list(prefix, { pageSize, pageToken }, options);
+      yield* page.items;
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+  }
+
+  async listKeys(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<string>> {
+    const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
+    const res = await this.call(this.kv.listKeys.bind(this.kv), req, { ...options, safe: true });
+    return { items: res.keys, nextPageToken: res.nextPageToken };
+  }
+
+  /** Atomic compare-then-apply (a failed compare is `succeeded = false`). */
+  async txn(init: TxnRequestInit, options: WriteOptions = {}): Promise<TxnResponse> {
+    const req = {
+      compares: init.compares ?? [],
+      successOps: init.successOps ?? [],
+      failureOps: init.failureOps ?? [],
+      requestId: options.requestId ?? randomUUID(),
+    };
+    return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: true });
+  }
+
+  // -- ledger (what a session holder needs) ----------------------------------
+  async openSession(agent: string, sessionKey: string, options: CallOptions = {}): Promise<Session> {
+    const req = { agent, sessionKey, metadata: {} };
+    return (await this.call(this.ledger.openSession.bind(this.ledger), req, { ...options, safe: true })).session!;
+  }
+
+  async getSession(sessionId: string, options: CallOptions = {}): Promise<Session> {
+    return (await this.call(this.ledger.getSession.bind(this.ledger), { sessionId }, { ...options, safe: true })).session!;
+  }
+
+  async acquireLease(sessionId: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    const req = { sessionId, holderId, ttl: msToDuration(ttlMs), generation: "0" };
+    return (await this.call(this.ledger.acquireLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
+  }
+
+  async renewLease(sessionId: string, generation: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    const req = { sessionId, generation, holderId, ttl: msToDuration(ttlMs) };
+    return (await this.call(this.ledger.renewLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
+  }
+
+  /** Gives the lease up; returns the events left pending (force only). */
+  async releaseLease(sessionId: string, generation: string, force = false, options: CallOptions = {}): Promise<string> {
+    const req = { sessionId, generation, force };
+    return (await this.call(this.ledger.releaseLease.bind(this.ledger), req, { ...options, safe: true })).pending;
+  }
+
+  /** A fenced append at expectedSeq + 1...; returns the new head seq. */
+  async commit(
+    sessionId: string,
+    generation: string,
+    expectedSeq: string,
+    records: Uint8Array[],
+    options: CallOptions & { consumeInboxIds?: string[]; commitId?: string } = {},
+  ): Promise<{ seq: string; pending: string; replayed: boolean }> {
+    const req = {
+      sessionId, generation, expectedSeq,
+      records: records.map((r) => Buffer.from(r)),
+      consumeInboxIds: options.consumeInboxIds ?? [],
+      commitId: options.commitId ?? randomUUID(),
+    };
+    return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: true });
+  }
+}
+
+export type { RetryPolicy };

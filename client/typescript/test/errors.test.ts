@@ -1,0 +1,110 @@
+// Typed errors: the ErrorInfo trailer decoded into FencepostError with the
+// reason as the generated ErrorReason enum, for every reason the JavaScript
+// contract checks (tests/polyglot/checks) cover, plus the transport's
+// oversized-request refusal.
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import { status } from "@grpc/grpc-js";
+
+import { ErrorReason, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi } from "../src";
+import { expectReason, newClient, unique } from "./support";
+
+const fp = newClient();
+after(() => fp.close());
+const { INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, RESOURCE_EXHAUSTED } = status;
+
+test("reason strings and the enum map both ways; unknown reasons are UNRECOGNIZED", () => {
+  assert.equal(reasonFromString("LEASE_FENCED"), ErrorReason.LEASE_FENCED);
+  assert.equal(reasonToString(ErrorReason.LEASE_FENCED), "LEASE_FENCED");
+  for (const value of Object.values(ErrorReason).filter((v): v is number => typeof v === "number" && v > 0)) {
+    assert.equal(reasonFromString(reasonToString(value)), value);
+  }
+  assert.equal(reasonFromString("SOMETHING_NEWER"), ErrorReason.UNRECOGNIZED);
+  assert.equal(reasonFromString(""), ErrorReason.UNSPECIFIED);
+});
+
+test("KV input errors: KEY_INVALID, KEY_TOO_LONG, PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID, VERSION_INVALID", async () => {
+  const empty = await expectReason(fp.put("", Buffer.from("x")), INVALID_ARGUMENT, ErrorReason.KEY_INVALID);
+  assert.deepEqual(Object.keys(empty.fieldViolations), ["key"]);
+  assert.equal(empty.codeName, "INVALID_ARGUMENT");
+  assert.equal(empty.reasonString, "KEY_INVALID");
+
+  const long = await expectReason(fp.get("k".repeat(2000)), INVALID_ARGUMENT, ErrorReason.KEY_TOO_LONG);
+  assert.deepEqual({ ...long.metadata }, { limit: "1024", size: "2000" });
+
+  await expectReason(fp.list("p/", { pageSize: -1 }), INVALID_ARGUMENT, ErrorReason.PAGE_SIZE_INVALID);
+  await expectReason(fp.list("p/", { pageToken: "not-a-token" }), INVALID_ARGUMENT, ErrorReason.PAGE_TOKEN_INVALID);
+  await expectReason(fp.putIfVersion("k", Buffer.from("x"), ""), INVALID_ARGUMENT, ErrorReason.VERSION_INVALID);
+});
+
+test("ledger errors: LEASE_HELD, LEASE_FENCED, SEQUENCE_MISMATCH with their metadata", async () => {
+  const session = await fp.openSession(unique("ts-agent"), "chan/é");
+  const sid = session.sessionId;
+  const a = await fp.acquireLease(sid, "A", 30_000);
+  const held = await expectReason(fp.acquireLease(sid, "B", 30_000), FAILED_PRECONDITION, ErrorReason.LEASE_HELD);
+  assert.equal(held.metadata.holder, "A");
+  await fp.commit(sid, a.generation, "0", [Buffer.from("turn-1")]);
+  await expectReason(fp.commit(sid, a.generation, "0", [Buffer.from("stale")]), FAILED_PRECONDITION, ErrorReason.SEQUENCE_MISMATCH);
+
+  await fp.releaseLease(sid, a.generation, true);
+  const b = await fp.acquireLease(sid, "B", 30_000);
+  const fenced = await expectReason(fp.commit(sid, a.generation, "1", [Buffer.from("late")]), FAILED_PRECONDITION, ErrorReason.LEASE_FENCED);
+  assert.equal(fenced.metadata.generation, a.generation);
+  assert.equal(fenced.metadata.current_generation, b.generation);
+});
+
+test("store API envelope errors: UNSUPPORTED_PROTOCOL_VERSION, CALL_PAYLOAD_MISMATCH", async () => {
+  const call = (req: storeApi.CallRequest) => fp.call(fp.storeApi.call.bind(fp.storeApi), req, { safe: true });
+  const agent = unique("ts-agent");
+  const v2 = await expectReason(
+    call(storeApi.CallRequest.fromPartial({ v: 2, call: "memory.read", memoryRead: { agent } })),
+    INVALID_ARGUMENT, ErrorReason.UNSUPPORTED_PROTOCOL_VERSION,
+  );
+  assert.equal(v2.metadata.v, "2");
+  await expectReason(
+    call(storeApi.CallRequest.fromPartial({ v: 1, call: "memory.read", memoryAppend: { agent, record: {} } })),
+    INVALID_ARGUMENT, ErrorReason.CALL_PAYLOAD_MISMATCH,
+  );
+});
+
+test("schedule errors: RULE_UNSUPPORTED, REMINDER_INVALID", async () => {
+  const session = await fp.openSession(unique("ts-agent"), "reminders");
+  const lease = await fp.acquireLease(session.sessionId, "A", 30_000);
+  const create = (init: Partial<schedule.CreateReminderRequest>) =>
+    fp.call(
+      fp.schedule.createReminder.bind(fp.schedule),
+      schedule.CreateReminderRequest.fromPartial({ sessionId: session.sessionId, generation: lease.generation, ...init }),
+      { safe: false },
+    );
+  const rule = await expectReason(create({ prompt: "p", cron: "0 9 * * *" }), INVALID_ARGUMENT, ErrorReason.RULE_UNSUPPORTED);
+  assert.equal(rule.metadata.rule, "cron");
+  await expectReason(create({ prompt: " ", afterSeconds: "5" }), INVALID_ARGUMENT, ErrorReason.REMINDER_INVALID);
+});
+
+test("eval errors: EVAL_RUN_NOT_FOUND, FIELD_INVALID with its field violation", async () => {
+  const agent = unique("ts-agent");
+  await expectReason(
+    fp.call(fp.evals.getEvalRun.bind(fp.evals), { agent, runId: "nope" }, { safe: true }),
+    NOT_FOUND, ErrorReason.EVAL_RUN_NOT_FOUND,
+  );
+  const bad = await expectReason(
+    fp.call(
+      fp.evals.putAbSample.bind(fp.evals),
+      evals.PutAbSampleRequest.fromPartial({ agent, experiment: "", sessionId: "s", at: new Date(), sample: {} }),
+      { safe: false },
+    ),
+    INVALID_ARGUMENT, ErrorReason.FIELD_INVALID,
+  );
+  assert.deepEqual(Object.keys(bad.fieldViolations), ["experiment"]);
+});
+
+test("an oversized request: the transport's RESOURCE_EXHAUSTED (no ErrorInfo), reported as MESSAGE_TOO_LARGE", async () => {
+  // the server under test receives at most 2 MiB (--max-receive-bytes)
+  const err = await fp.put(unique("ts/big"), Buffer.alloc(3 * 1024 * 1024)).then(
+    () => assert.fail("an oversized request succeeded"),
+    (e: unknown) => e,
+  );
+  assert.ok(err instanceof FencepostError);
+  assert.deepEqual([err.code, err.reason, err.domain], [RESOURCE_EXHAUSTED, ErrorReason.MESSAGE_TOO_LARGE, ""]);
+});

@@ -1,0 +1,86 @@
+// KV and compare-and-set against a live server.
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import { kv } from "../src";
+import { newClient, unique } from "./support";
+
+const fp = newClient();
+after(() => fp.close());
+const enc = (s: string) => Buffer.from(s);
+
+test("put / get / delete; a miss is null, never an error", async () => {
+  const key = unique("ts/kv");
+  assert.equal(await fp.get(key), null);
+  const version = await fp.put(key, enc("v1"));
+  const got = await fp.get(key);
+  assert.deepEqual([got?.value.toString(), got?.version], ["v1", version]);
+  assert.equal(await fp.delete(key), true);
+  assert.equal(await fp.delete(key), false);
+  assert.equal(await fp.getWithVersion(key), null);
+});
+
+test("compare-and-set: a failed compare is a result with the current version", async () => {
+  const key = unique("ts/cas");
+  const created = await fp.putIfAbsent(key, enc("a"));
+  assert.equal(created.applied, true);
+  const again = await fp.putIfAbsent(key, enc("b"));
+  assert.deepEqual(again, { applied: false, version: created.version });
+
+  const moved = await fp.putIfVersion(key, enc("c"), created.version);
+  assert.equal(moved.applied, true);
+  const stale = await fp.putIfVersion(key, enc("d"), created.version);
+  assert.deepEqual(stale, { applied: false, version: moved.version });
+  assert.equal((await fp.getWithVersion(key))?.value.toString(), "c");
+
+  assert.equal((await fp.deleteIfVersion(key, created.version)).applied, false);
+  assert.equal((await fp.deleteIfVersion(key, moved.version)).applied, true);
+  assert.equal(await fp.get(key), null);
+});
+
+test("a retried write with the same request id applies once", async () => {
+  const key = unique("ts/idem");
+  const first = await fp.put(key, enc("x"), { requestId: "req-1" });
+  const retried = await fp.put(key, enc("x"), { requestId: "req-1" });
+  assert.equal(retried, first);
+});
+
+test("List and ListKeys page in key order; the empty token ends", async () => {
+  const prefix = unique("ts/list") + "/";
+  const names = ["a", "b", "c", "d", "e"];
+  for (const n of names) await fp.put(prefix + n, enc(n));
+  const first = await fp.list(prefix, { pageSize: 2 });
+  assert.deepEqual(first.items.map((e) => e.key), [prefix + "a", prefix + "b"]);
+  assert.notEqual(first.nextPageToken, "");
+  const all: string[] = [];
+  for await (const e of fp.listAll(prefix, 2)) all.push(e.value.toString());
+  assert.deepEqual(all, names);
+  let token = "";
+  const keys: string[] = [];
+  do {
+    const page = await fp.listKeys(prefix, { pageSize: 3, pageToken: token });
+    keys.push(...page.items);
+    token = page.nextPageToken;
+  } while (token);
+  assert.deepEqual(keys, names.map((n) => prefix + n));
+});
+
+test("Txn applies the success branch when every compare holds, else the failure branch", async () => {
+  const key = unique("ts/txn");
+  const other = key + "/other";
+  const version = await fp.put(key, enc("1"));
+  const ok = await fp.txn({
+    compares: [kv.Compare.fromPartial({ key, version })],
+    successOps: [kv.TxnOp.fromPartial({ put: { key, value: enc("2") } }), kv.TxnOp.fromPartial({ put: { key: other, value: enc("o") } })],
+  });
+  assert.equal(ok.succeeded, true);
+  assert.equal(ok.versions.length, 2);
+  const failed = await fp.txn({
+    compares: [kv.Compare.fromPartial({ key, version }), kv.Compare.fromPartial({ key: other, exists: true })],
+    successOps: [kv.TxnOp.fromPartial({ deleteKey: key })],
+    failureOps: [kv.TxnOp.fromPartial({ deleteKey: other })],
+  });
+  assert.deepEqual([failed.succeeded, failed.failedCompares], [false, [0]]);
+  assert.equal((await fp.get(key))?.value.toString(), "2");
+  assert.equal(await fp.get(other), null);
+});

@@ -1,0 +1,54 @@
+// The call wrapper's rules, without a server: UNAVAILABLE is retried only for
+// safe calls, never another code, and never past the deadline.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { Metadata, ServiceError, status } from "@grpc/grpc-js";
+
+import { FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary } from "../src";
+
+const fast: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 1, maxBackoffMs: 2, multiplier: 2 };
+
+function failing(codes: status[]): { method: UnaryMethod<string, string>; calls: () => number } {
+  let calls = 0;
+  const method: UnaryMethod<string, string> = (req, _md, _opts, cb) => {
+    const code = codes[calls++];
+    if (code === undefined) cb(null, `ok:${req}`);
+    else cb(Object.assign(new Error(status[code]), { code, details: status[code], metadata: new Metadata() }) as ServiceError, "");
+    return {} as ReturnType<UnaryMethod<string, string>>;
+  };
+  return { method, calls: () => calls };
+}
+
+test("a safe call is retried on UNAVAILABLE", async () => {
+  const f = failing([status.UNAVAILABLE, status.UNAVAILABLE]);
+  assert.equal(await callUnary(f.method, "r", true, { retry: fast }), "ok:r");
+  assert.equal(f.calls(), 3);
+});
+
+test("an unsafe call is never retried", async () => {
+  const f = failing([status.UNAVAILABLE]);
+  await assert.rejects(callUnary(f.method, "r", false, { retry: fast }), (e: FencepostError) => e.code === status.UNAVAILABLE);
+  assert.equal(f.calls(), 1);
+});
+
+test("other codes are never retried, even for a safe call", async () => {
+  const f = failing([status.FAILED_PRECONDITION]);
+  await assert.rejects(callUnary(f.method, "r", true, { retry: fast }), (e: FencepostError) => e.code === status.FAILED_PRECONDITION);
+  assert.equal(f.calls(), 1);
+});
+
+test("attempts are bounded by the policy", async () => {
+  const f = failing(Array(10).fill(status.UNAVAILABLE));
+  await assert.rejects(callUnary(f.method, "r", true, { retry: fast }));
+  assert.equal(f.calls(), 5);
+  const g = failing([status.UNAVAILABLE]);
+  await assert.rejects(callUnary(g.method, "r", true, { retry: NO_RETRY }));
+  assert.equal(g.calls(), 1);
+});
+
+test("an expired deadline fails with DEADLINE_EXCEEDED before calling", async () => {
+  const f = failing([]);
+  await assert.rejects(callUnary(f.method, "r", true, { timeoutMs: 0 }), (e: FencepostError) => e.code === status.DEADLINE_EXCEEDED);
+  assert.equal(f.calls(), 0);
+});

@@ -1,0 +1,63 @@
+// LeasedSession against a live server: acquire, renew every third of the TTL,
+// commit on the head, and stop for good when a takeover fences it.
+import assert from "node:assert/strict";
+import { once } from "node:events";
+import { after, test } from "node:test";
+
+import { status } from "@grpc/grpc-js";
+
+import { ErrorReason, LeasedSession } from "../src";
+import { expectReason, newClient, unique } from "./support";
+
+const fp = newClient();
+after(() => fp.close());
+const enc = (s: string) => Buffer.from(s);
+
+async function until(what: string, ok: () => boolean): Promise<void> {
+  for (let i = 0; i < 400 && !ok(); i++) await new Promise((r) => setTimeout(r, 50));
+  assert.ok(ok(), `gave up waiting for ${what}`);
+}
+
+test("acquires, renews at a third of the TTL, commits on the head, releases", async () => {
+  const { sessionId } = await fp.openSession(unique("ts-agent"), "s");
+  const s = await LeasedSession.acquire(fp, sessionId, { holderId: "A", ttlMs: 600 });
+  assert.equal(s.renewEveryMs, 200);
+  assert.equal(await s.commit([enc("turn-1")]), "1");
+  await until("two renewals", () => s.renewals >= 2);
+  assert.equal(await s.commit([enc("turn-2"), enc("turn-3")]), "3");
+  await expectReason(fp.acquireLease(sessionId, "B", 30_000), status.FAILED_PRECONDITION, ErrorReason.LEASE_HELD);
+  await s.release();
+  assert.equal(s.signal.aborted, true);
+  const b = await fp.acquireLease(sessionId, "B", 30_000);
+  assert.equal(BigInt(b.generation), BigInt(s.generation) + 1n);
+});
+
+test("a takeover fences the old holder at its next renewal: it stops and never commits again", async () => {
+  const { sessionId } = await fp.openSession(unique("ts-agent"), "s");
+  const a = await LeasedSession.acquire(fp, sessionId, { holderId: "A", ttlMs: 600 });
+  await a.commit([enc("a-1")]);
+  const aborted = once(a.signal, "abort");
+  // the takeover: A's lease is force-released (its holder was declared gone) and B is granted
+  await fp.releaseLease(sessionId, a.generation, true);
+  const b = await LeasedSession.acquire(fp, sessionId, { holderId: "B", ttlMs: 30_000 });
+  await aborted;
+  assert.equal(a.fenced?.reason, ErrorReason.LEASE_FENCED);
+  assert.equal(a.fenced?.metadata.generation, a.generation);
+  const renewals = a.renewals;
+  await expectReason(a.commit([enc("a-late")]), status.FAILED_PRECONDITION, ErrorReason.LEASE_FENCED);
+  assert.equal(await b.commit([enc("b-1")]), "2");
+  assert.equal(a.renewals, renewals);
+  await b.release();
+});
+
+test("a commit that meets the takeover first stops the session too", async () => {
+  const { sessionId } = await fp.openSession(unique("ts-agent"), "s");
+  const a = await LeasedSession.acquire(fp, sessionId, { holderId: "A", ttlMs: 60_000 }); // next renewal in 20 s
+  await fp.releaseLease(sessionId, a.generation, true);
+  const b = await fp.acquireLease(sessionId, "B", 30_000);
+  const fenced = await expectReason(a.commit([enc("a-late")]), status.FAILED_PRECONDITION, ErrorReason.LEASE_FENCED);
+  assert.equal(fenced.metadata.current_generation, b.generation);
+  assert.equal(a.signal.aborted, true);
+  assert.equal(a.fenced, fenced);
+  await a.release(); // nothing to release once fenced: no call, no error
+});
