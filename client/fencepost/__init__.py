@@ -13,7 +13,8 @@ from ._call import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from ._evals import AbSample, AbSnapshot, EvalRun
 from ._kv import CasResult, Entry, TxnResult, compare, delete_op, put_op
 from ._schedule import RejectedRecord, Reminder, ReminderPage
-from ._ledger import Commit, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
+from ._admin import Operation
+from ._ledger import Commit, Deletion, Delivery, InboxEvent, Lease, Record, Session, SessionInfo, SessionSummary
 from .client import AsyncClient, Client
 from .errors import FencepostError
 from .keys import author_kv, encode_segment
@@ -26,6 +27,7 @@ __all__ = [
     "EvalRun", "AbSample", "AbSnapshot",
     "author_kv", "encode_segment", "errors", "reasons",
     "Session", "SessionInfo", "SessionSummary", "Lease", "Record", "InboxEvent", "Commit", "Delivery",
+    "Deletion", "Operation",
     "journal", "JournalContent", "ArchiveEntry",
     "JournalMirror", "SessionWorker", "WorkerResult",
     "Reminder", "ReminderPage", "RejectedRecord",

@@ -53,6 +53,12 @@ class SessionSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class Deletion:
+    session_ids: list[str]  # descendants first, then the session
+    erased_items: int
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     seq: int
     data: bytes
@@ -190,6 +196,18 @@ class LedgerMethods:
         Returns the events left pending (force only)."""
         req = pb.ReleaseLeaseRequest(session_id=session_id, generation=generation, force=force)
         return int((await self._caller.call(self._ledger.ReleaseLease, req, safe=True, **opts)).pending)
+
+    async def delete_session(
+        self, session_id: str, *, force: bool = False, delete_descendants: bool = False, **opts: Any
+    ) -> Deletion:
+        """Erase a session (docs/lifecycle.md); returns every session id erased
+        (descendants first) and the items removed. InboxNotEmpty while events are pending (unless
+        force); SessionHasForks while it has live forks (unless
+        delete_descendants). Not retried automatically: a retry after the
+        delete completed answers SessionNotFound."""
+        req = pb.DeleteSessionRequest(session_id=session_id, force=force, delete_descendants=delete_descendants)
+        out = await self._caller.call(self._ledger.DeleteSession, req, safe=False, **opts)
+        return Deletion(list(out.deleted_session_ids), out.erased_items)
 
     async def commit(
         self,

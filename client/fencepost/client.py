@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from ._admin import AdminMethods
 from ._call import DEFAULT_RETRY, Caller, Metadata, RetryPolicy
 from ._env import resolve_target, resolve_tls, resolve_token
 from ._evals import EvalMethods
@@ -25,6 +26,7 @@ from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
 from ._schedule import ScheduleMethods
 from .v1 import (
+    admin_pb2_grpc,
     evals_pb2_grpc,
     journal_pb2_grpc,
     kv_pb2_grpc,
@@ -37,7 +39,9 @@ from .v1 import (
 DEFAULT_TIMEOUT = 30.0
 
 
-class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalMethods, ScheduleMethods):
+class AsyncClient(
+    KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalMethods, ScheduleMethods, AdminMethods
+):
     """Async fencepost client. Every method takes keyword-only `timeout`,
     `metadata` and `retry`; errors are `fencepost.errors.FencepostError`s.
 
@@ -89,6 +93,7 @@ class AsyncClient(KvMethods, EvalMethods, MemoryMethods, LedgerMethods, JournalM
         self._journal = journal_pb2_grpc.JournalServiceStub(channel)
         self._store_api = store_api_pb2_grpc.StoreApiServiceStub(channel)
         self._schedule = schedule_pb2_grpc.ScheduleServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
 
     @property
     def channel(self) -> grpc.aio.Channel:

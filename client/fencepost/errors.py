@@ -127,11 +127,13 @@ class SessionNotFound(NotFound): """No such session for this tenant."""
 class EntryNotFound(NotFound): """No such memory entry for this agent."""
 class ArchiveNotFound(NotFound): """No such journal archive."""
 class EvalRunNotFound(NotFound): """No such eval run."""
+class OperationNotFound(NotFound): """No such long-running operation for this tenant."""
 class LeaseHeld(FailedPrecondition): """Another holder has the lease: walk away, its holder drains the work."""
 class LeaseFenced(FailedPrecondition): """This holder lost the session: stop working on it; final."""
 class SequenceMismatch(FailedPrecondition): """expected_seq is not the head: re-read the session."""
 class InboxEntryGone(FailedPrecondition): """A consumed inbox id is not pending."""
 class InboxNotEmpty(FailedPrecondition): """Events are pending: drain them before releasing."""
+class SessionHasForks(FailedPrecondition): """The session has live forks: delete them, or ask for the descendants too."""
 class BackendUnavailable(Unavailable): """The storage backend could not be reached; retry."""
 class PersistenceUncertain(Unavailable): """A write's outcome is unknown: re-read, or retry with the same request_id."""
 
@@ -156,6 +158,8 @@ BY_REASON: dict[str, type[FencepostError]] = {
     R.SEQUENCE_MISMATCH: SequenceMismatch,
     R.INBOX_ENTRY_GONE: InboxEntryGone,
     R.INBOX_NOT_EMPTY: InboxNotEmpty,
+    R.SESSION_HAS_FORKS: SessionHasForks,
+    R.OPERATION_NOT_FOUND: OperationNotFound,
     R.COMMIT_TOO_LARGE: CommitTooLarge,
     R.RECORD_TOO_LARGE: RecordTooLarge,
     R.EVENT_TOO_LARGE: EventTooLarge,

@@ -20,6 +20,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     evals_pb2,
     evals_pb2_grpc,
     journal_pb2,
@@ -36,6 +38,7 @@ from fencepost.v1 import (
     store_api_pb2_grpc,
 )
 
+from .api.admin import AdminServicer
 from .api.base import Authenticator, RpcObserver
 from .api.recording import recorder_from_env
 from .api.evals import EvalServicer
@@ -46,6 +49,7 @@ from .api.memory import MemoryServicer
 from .api.schedule import ScheduleServicer
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
+from .domain.erasure import Eraser
 from .domain.evals import EvalStore
 from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
@@ -53,6 +57,7 @@ from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
 from .domain.paging import PageTokens, secret_from_file
 from .domain.requests import RequestLog
+from .domain.retention import Retention
 from .domain.schedule import Schedule
 from .observability import Metrics
 from .reflection import enable_reflection
@@ -183,6 +188,21 @@ def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
     return schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
 
 
+def _admin(ctx: AppContext, server: HandlerRegistry) -> str:
+    """Lifecycle: the operator's erasures, and the retention sweeps (when enabled)."""
+    s = ctx.settings
+    # with the janitor off (benchmarks that count backend calls) nothing polls in the background
+    poll = s.erasure_poll_seconds if s.ledger_janitor else None
+    eraser = Eraser(ctx.storage, _ledger_of(ctx), poll_seconds=poll, events=ctx.events)
+    ctx.background.append(eraser.run)
+    retention = s.retention_config()
+    if retention.enabled:
+        sweeper = Retention(ctx.storage, _ledger_of(ctx), _journal_of(ctx), retention, events=ctx.events)
+        ctx.background.append(sweeper.run)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(eraser, ctx.auth, ctx.observer), server)
+    return admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+
+
 # One line per service; each returns its full service name (for health + reflection).
 _SERVICES: list[ServiceBuilder] = [
     _kv,
@@ -192,6 +212,7 @@ _SERVICES: list[ServiceBuilder] = [
     _journal,
     _store_api,
     _schedule,
+    _admin,
 ]
 
 
@@ -337,7 +358,7 @@ class App:
         while True:
             await asyncio.sleep(self.settings.request_sweep_seconds)
             with contextlib.suppress(Exception):
-                await requests.sweep()
+                self.metrics.event("retention.request_markers_erased", await requests.sweep())
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, drain in-flight RPCs, stop loops, close backend."""

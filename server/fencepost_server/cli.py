@@ -75,6 +75,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                      help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO); DEBUG also prints "
                           "the traceback of a failed start")
     p.add_argument("--create-table", action="store_true", help="create the DynamoDB table if missing")
+    ret = p.add_argument_group("retention (docs/lifecycle.md; 0 = keep forever, the default)")
+    ret.add_argument("--retain-idle-sessions", type=non_negative_seconds, default=0.0, metavar="SECONDS",
+                     help="erase sessions idle longer than this (sessions with a live lease, live forks or "
+                          "pending events wait)")
+    ret.add_argument("--retain-journal-archives", type=non_negative_seconds, default=0.0, metavar="SECONDS",
+                     help="delete journal archives rotated longer ago than this")
+    ret.add_argument("--retain-commit-markers", type=non_negative_seconds, default=0.0, metavar="SECONDS",
+                     help="delete commit_id idempotency markers older than this (a retry after it is "
+                          "not replayed; it fails with SEQUENCE_MISMATCH)")
+    ret.add_argument("--retention-seconds", type=non_negative_seconds, default=60.0, metavar="SECONDS",
+                     help="one bounded retention pass this often (default %(default)s)")
+    ret.add_argument("--retention-batch", type=positive_int, default=1000, metavar="N",
+                     help="list calls per retention pass (default %(default)s)")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -94,6 +107,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         trust_xfcc=args.trust_xfcc,
         page_token_key_file=args.page_token_key_file,
         metrics_listen=args.metrics_listen,
+        retain_idle_sessions_seconds=args.retain_idle_sessions,
+        retain_journal_archives_seconds=args.retain_journal_archives,
+        retain_commit_markers_seconds=args.retain_commit_markers,
+        retention_seconds=args.retention_seconds,
+        retention_batch=args.retention_batch,
     )
 
 

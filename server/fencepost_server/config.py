@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .domain.ledger.core import LedgerConfig
 from .domain.limits import Limits
+from .domain.retention import RetentionConfig
 
 
 @dataclass
@@ -41,6 +42,14 @@ class Settings:
     ledger_janitor_seconds: float = 5.0
     ledger_orphan_grace_seconds: float = 10.0
     ledger_watch_poll_seconds: float = 1.0
+    # erasure operations (AdminService): every replica looks for unfinished ones this often
+    erasure_poll_seconds: float = 5.0
+    # retention (docs/lifecycle.md): 0 = keep forever (the default for each)
+    retain_idle_sessions_seconds: float = 0.0
+    retain_journal_archives_seconds: float = 0.0
+    retain_commit_markers_seconds: float = 0.0
+    retention_seconds: float = 60.0  # one bounded pass this often
+    retention_batch: int = 1000  # list calls per pass
     # journal (spec/journal.md): flush the tail when older / larger than these,
     # rotate the live journal at max_journal_bytes
     journal_flush_seconds: float = 30.0
@@ -56,6 +65,14 @@ class Settings:
             janitor_interval=self.ledger_janitor_seconds,
             orphan_grace=self.ledger_orphan_grace_seconds,
             watch_poll=self.ledger_watch_poll_seconds,
+        )
+
+    def retention_config(self) -> RetentionConfig:
+        return RetentionConfig(
+            idle_session_seconds=self.retain_idle_sessions_seconds,
+            archive_seconds=self.retain_journal_archives_seconds,
+            commit_marker_seconds=self.retain_commit_markers_seconds,
+            batch=self.retention_batch, interval=self.retention_seconds,
         )
 
     def backend_url(self) -> str:

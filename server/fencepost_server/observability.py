@@ -44,6 +44,10 @@ class Metrics:
                                ["kind"], registry=r)
         self.oldest_pending = Gauge("fencepost_janitor_oldest_pending_seconds",
                                     "age of the oldest pending inbox event seen by the janitor", registry=r)
+        self.lifecycle = Counter("fencepost_lifecycle_total",
+                                 "erasures and retention sweeps: sessions deleted, items erased, "
+                                 "operations started / finished, expired items swept",
+                                 ["kind"], registry=r)
         self.flush_lag = Gauge("fencepost_journal_flush_lag_seconds",
                                "age of the oldest unflushed journal record at the last flush", registry=r)
         self._http: Any = None
@@ -84,7 +88,9 @@ class Metrics:
     # -- domain events -----------------------------------------------------------
     def event(self, name: str, value: float = 1.0) -> None:
         """Domain events by name: `janitor.<kind>`, `janitor.oldest_pending_seconds`,
-        `journal.flush_lag_seconds`, `lease.<grant|conflict|fencing>`."""
+        `journal.flush_lag_seconds`, `lease.<grant|conflict|fencing>`, and the
+        lifecycle's `ledger.sessions_deleted`, `ledger.erased_items`,
+        `erasure.<started|finished>`, `retention.<kind>`."""
         group, _, kind = name.partition(".")
         if group == "janitor" and kind == "oldest_pending_seconds":
             self.oldest_pending.set(value)
@@ -94,6 +100,8 @@ class Metrics:
             self.flush_lag.set(value)
         elif group == "lease":
             self.lease_events.labels(kind).inc(value)
+        elif group in ("ledger", "erasure", "retention"):
+            self.lifecycle.labels(name).inc(value)
 
     def serve(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")

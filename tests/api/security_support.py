@@ -19,7 +19,16 @@ from google.protobuf import duration_pb2, message_factory, struct_pb2
 from google.protobuf.descriptor import ServiceDescriptor
 from google.rpc import error_details_pb2, status_pb2
 
-from fencepost.v1 import evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
+from fencepost.v1 import (
+    admin_pb2,
+    evals_pb2,
+    journal_pb2,
+    kv_pb2,
+    ledger_pb2,
+    memory_pb2,
+    schedule_pb2,
+    store_api_pb2,
+)
 from fencepost_server.security import hash_token
 
 TOKENS = {
@@ -102,7 +111,7 @@ def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = N
 
 # -- any RPC by name, as raw protobuf, under one bearer token -------------------
 
-_PB2 = (kv_pb2, ledger_pb2, journal_pb2, memory_pb2, schedule_pb2, evals_pb2, store_api_pb2)
+_PB2 = (admin_pb2, kv_pb2, ledger_pb2, journal_pb2, memory_pb2, schedule_pb2, evals_pb2, store_api_pb2)
 SERVICES: dict[str, ServiceDescriptor] = {
     s.name: s for module in _PB2 for s in module.DESCRIPTOR.services_by_name.values()
 }

@@ -382,3 +382,13 @@ def test_the_client_cli_imports_no_server_code() -> None:
             "assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+async def test_ledger_delete(srv: RunningServer) -> None:
+    d = (await cli(srv, "ledger", "deliver", "agent-3", "--key", "gone", "event", "--json")).json()
+    refused = await cli(srv, "ledger", "delete", d["session_id"], "--json")
+    assert refused.rc == Exit.PRECONDITION and json.loads(refused.err)["error"]["reason"] == "INBOX_NOT_EMPTY"
+    done = await cli(srv, "ledger", "delete", "--agent", "agent-3", "--key", "gone", "--force", "--json")
+    assert done.rc == 0 and done.json()["deleted_session_ids"] == [d["session_id"]]
+    assert done.json()["erased_items"] >= 1
+    assert (await cli(srv, "ledger", "show", d["session_id"])).rc == Exit.NOT_FOUND

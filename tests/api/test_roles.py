@@ -31,7 +31,10 @@ from tests.api.security_support import (
 )
 
 #: RPCs only the operator role may call (PERMISSION_DENIED for a service token).
-OPERATOR_ONLY = {"MemoryService/Audit", "MemoryService/ReassertTrust", "MemoryService/Import"}
+OPERATOR_ONLY = {
+    "MemoryService/Audit", "MemoryService/ReassertTrust", "MemoryService/Import",
+    "AdminService/EraseAgent", "AdminService/EraseTenant", "AdminService/GetOperation",
+}
 #: Calls gated by a field rather than by the RPC: Append may set every trust
 #: label but MEMORY_TRUST_OPERATOR, which only an operator may claim.
 OPERATOR_ONLY_CASES = {"MemoryService/Append(trust=operator)"}
@@ -116,6 +119,9 @@ async def _walk(r: Run) -> None:
     await r.call("ScheduleService/DeleteReminder", session_id=sid, generation=gen, id=g["rem"])
     await r.call("LedgerService/ReleaseLease", session_id=sid, generation=gen)
     await r.call("LedgerService/ClaimOrphan", holder_id="rescuer", ttl=secs(5), wait=secs(0), agent=a)
+    await r.call("LedgerService/OpenSession", lambda x: g.update(doomed=x.session.session_id), agent=a,
+                 session_key="doomed")
+    await r.call("LedgerService/DeleteSession", session_id=g["doomed"])
     # JournalService (three large turns rotate the journal once it is read)
     for i in range(3):
         await r.call("JournalService/AppendTurn", agent=a, record=_turn(i))
@@ -155,6 +161,10 @@ async def _walk(r: Run) -> None:
     await r.call("EvalService/PutAbSnapshot", agent=a, snapshot=struct({"arms": 2}))
     await r.call("EvalService/GetAbSnapshot", agent=a)
     await r.call("EvalService/DeleteEvalRun", agent=a, run_id="run-1")
+    # AdminService, last: the tenant-wide erasure removes everything above
+    await r.call("AdminService/EraseAgent", lambda x: g.update(op=x.operation.name), agent=f"{a}-gone")
+    await r.call("AdminService/GetOperation", name=g.get("op", "operations/erase-none"))
+    await r.call("AdminService/EraseTenant")
 
 
 def expected(role: str, cases: set[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""`fencepost ledger sessions|show|log|inbox|deliver|claim`."""
+"""`fencepost ledger sessions|show|log|inbox|deliver|claim|delete`."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("--agent", default="", help="only this agent's sessions")
     p.add_argument("--ttl", type=positive_seconds, help="lease ttl in seconds")
     p.add_argument("--wait", type=non_negative_seconds, default=0.0, help="long-poll up to this many seconds")
+
+    p = add_command(cmds, "delete", _delete,
+                    "erase a session and every item of it (docs/lifecycle.md); exit 5 while events are "
+                    "pending or forks live", parents)
+    _target(p)
+    p.add_argument("--force", action="store_true", help="erase pending inbox events with it")
+    p.add_argument("--descendants", action="store_true", help="erase its forks (and theirs) too")
 
 
 def _target(p: argparse.ArgumentParser) -> None:
@@ -185,4 +192,12 @@ async def _claim(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
         raise Miss("no orphaned session to claim")
     doc = session_doc(info)
     out.emit(doc, text=_session_text(doc))
+    return Exit.OK
+
+
+async def _delete(fp: AsyncClient, args: argparse.Namespace, out: Out) -> int:
+    sid = await _resolve(fp, args)
+    gone = await fp.delete_session(sid, force=args.force, delete_descendants=args.descendants)
+    doc = {"deleted_session_ids": gone.session_ids, "erased_items": gone.erased_items}
+    out.emit(doc, text="\n".join(f"deleted {s}" for s in gone.session_ids) + f"\n{gone.erased_items} items erased")
     return Exit.OK

@@ -122,6 +122,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INTERNAL: a server bug (an unexpected exception); report it. No RPC
     declares it.
     """
+    ERROR_REASON_SESSION_HAS_FORKS: _ErrorReason.ValueType  # 38
+    """FAILED_PRECONDITION: the session has live forks (metadata `session_id`,
+    `forks`, `fork_session_ids`); delete them first, or ask for the
+    descendants to be deleted too.
+    """
+    ERROR_REASON_OPERATION_NOT_FOUND: _ErrorReason.ValueType  # 39
+    """NOT_FOUND: no such long-running operation for this tenant (metadata `name`)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is every `google.rpc.ErrorInfo.reason` the server returns
@@ -234,6 +241,13 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 37
 """INTERNAL: a server bug (an unexpected exception); report it. No RPC
 declares it.
 """
+ERROR_REASON_SESSION_HAS_FORKS: ErrorReason.ValueType  # 38
+"""FAILED_PRECONDITION: the session has live forks (metadata `session_id`,
+`forks`, `fork_session_ids`); delete them first, or ask for the
+descendants to be deleted too.
+"""
+ERROR_REASON_OPERATION_NOT_FOUND: ErrorReason.ValueType  # 39
+"""NOT_FOUND: no such long-running operation for this tenant (metadata `name`)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 COMMON_REASONS_FIELD_NUMBER: _builtins.int

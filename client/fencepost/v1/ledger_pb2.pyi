@@ -1156,3 +1156,63 @@ class ClaimOrphanResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimOrphanResponse: _TypeAlias = ClaimOrphanResponse  # noqa: Y015
+
+@_typing.final
+class DeleteSessionRequest(_message.Message):
+    """DeleteSessionRequest erases a session."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    DELETE_DESCENDANTS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    force: _builtins.bool
+    """Delete even while events are pending (they are erased with the session)."""
+    delete_descendants: _builtins.bool
+    """Also delete every fork of the session (and their forks), each before its
+    parent; without it a session with a live fork is refused.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        force: _builtins.bool = ...,
+        delete_descendants: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_descendants", b"delete_descendants", "force", b"force", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSessionRequest: _TypeAlias = DeleteSessionRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSessionResponse(_message.Message):
+    """DeleteSessionResponse is the outcome of DeleteSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    ERASED_ITEMS_FIELD_NUMBER: _builtins.int
+    erased_items: _builtins.int
+    """Stored items the sweep removed."""
+    @_builtins.property
+    def deleted_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every session erased: the descendants (when asked for), then the session."""
+
+    def __init__(
+        self,
+        *,
+        deleted_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        erased_items: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_session_ids", b"deleted_session_ids", "erased_items", b"erased_items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSessionResponse: _TypeAlias = DeleteSessionResponse  # noqa: Y015

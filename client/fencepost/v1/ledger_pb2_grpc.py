@@ -141,6 +141,11 @@ class LedgerServiceStub:
                 request_serializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/fencepost.v1.LedgerService/DeleteSession',
+                request_serializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.FromString,
+                _registered_method=True)
 
 
 class LedgerServiceServicer:
@@ -358,6 +363,32 @@ class LedgerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteSession(self, request, context):
+        """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+        write is the point of no return: one conditional write bumps the
+        generation, marks the session deleted and removes its identity, so from
+        it on every read answers SESSION_NOT_FOUND, every write of a holder
+        (commit, renew, release, a paused one included) fails (fenced, or the
+        session not found), a Deliver parks nothing, and an OpenSession with the
+        same key creates a new session id. Then every stored item of the session
+        is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+        schedule records, restore-listing entry) before the response; if the
+        call is cut short, the janitor of any replica finishes the removal.
+        A retry of a delete that was cut short finishes it and succeeds.
+        Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+        `session_id`: drain the inbox, or delete with `force`);
+        FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+        `fork_session_ids`: delete the forks first, or set
+        `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+        forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+        (nothing of the session is left); the common ones (retry: a delete is
+        idempotent until it completes).
+        Roles: service and operator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LedgerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -430,6 +461,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.ClaimOrphan,
                     request_deserializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -847,6 +883,33 @@ class LedgerService:
             '/fencepost.v1.LedgerService/ClaimOrphan',
             fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanRequest.SerializeToString,
             fencepost_dot_v1_dot_ledger__pb2.ClaimOrphanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LedgerService/DeleteSession',
+            fencepost_dot_v1_dot_ledger__pb2.DeleteSessionRequest.SerializeToString,
+            fencepost_dot_v1_dot_ledger__pb2.DeleteSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -189,6 +189,28 @@ class LedgerServiceStub:
     Errors: the common ones.
     Roles: service and operator.
     """
+    DeleteSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]
+    """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+    write is the point of no return: one conditional write bumps the
+    generation, marks the session deleted and removes its identity, so from
+    it on every read answers SESSION_NOT_FOUND, every write of a holder
+    (commit, renew, release, a paused one included) fails (fenced, or the
+    session not found), a Deliver parks nothing, and an OpenSession with the
+    same key creates a new session id. Then every stored item of the session
+    is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+    schedule records, restore-listing entry) before the response; if the
+    call is cut short, the janitor of any replica finishes the removal.
+    A retry of a delete that was cut short finishes it and succeeds.
+    Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+    `session_id`: drain the inbox, or delete with `force`);
+    FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+    `fork_session_ids`: delete the forks first, or set
+    `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+    forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+    (nothing of the session is left); the common ones (retry: a delete is
+    idempotent until it completes).
+    Roles: service and operator.
+    """
 
 @_typing.type_check_only
 class LedgerServiceAsyncStub(LedgerServiceStub):
@@ -349,6 +371,28 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    Roles: service and operator.
+    """
+    DeleteSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]  # type: ignore[assignment]
+    """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+    write is the point of no return: one conditional write bumps the
+    generation, marks the session deleted and removes its identity, so from
+    it on every read answers SESSION_NOT_FOUND, every write of a holder
+    (commit, renew, release, a paused one included) fails (fenced, or the
+    session not found), a Deliver parks nothing, and an OpenSession with the
+    same key creates a new session id. Then every stored item of the session
+    is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+    schedule records, restore-listing entry) before the response; if the
+    call is cut short, the janitor of any replica finishes the removal.
+    A retry of a delete that was cut short finishes it and succeeds.
+    Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+    `session_id`: drain the inbox, or delete with `force`);
+    FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+    `fork_session_ids`: delete the forks first, or set
+    `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+    forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+    (nothing of the session is left); the common ones (retry: a delete is
+    idempotent until it completes).
     Roles: service and operator.
     """
 
@@ -592,6 +636,34 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        Roles: service and operator.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSession(
+        self,
+        request: _ledger_pb2.DeleteSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ledger_pb2.DeleteSessionResponse, _abc.Awaitable[_ledger_pb2.DeleteSessionResponse]]:
+        """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+        write is the point of no return: one conditional write bumps the
+        generation, marks the session deleted and removes its identity, so from
+        it on every read answers SESSION_NOT_FOUND, every write of a holder
+        (commit, renew, release, a paused one included) fails (fenced, or the
+        session not found), a Deliver parks nothing, and an OpenSession with the
+        same key creates a new session id. Then every stored item of the session
+        is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+        schedule records, restore-listing entry) before the response; if the
+        call is cut short, the janitor of any replica finishes the removal.
+        A retry of a delete that was cut short finishes it and succeeds.
+        Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+        `session_id`: drain the inbox, or delete with `force`);
+        FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+        `fork_session_ids`: delete the forks first, or set
+        `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+        forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+        (nothing of the session is left); the common ones (retry: a delete is
+        idempotent until it completes).
         Roles: service and operator.
         """
 

@@ -165,3 +165,12 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
         if view is None:
             return pb.ClaimOrphanResponse(found=False)
         return pb.ClaimOrphanResponse(found=True, session=self._session(view))
+
+    @unary
+    async def DeleteSession(
+        self, request: pb.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSessionResponse:
+        out = await self.ledger.delete_session(
+            caller().tenant, request.session_id, force=request.force, descendants=request.delete_descendants
+        )
+        return pb.DeleteSessionResponse(deleted_session_ids=list(out.session_ids), erased_items=out.items)

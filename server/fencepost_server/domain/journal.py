@@ -46,6 +46,7 @@ from .errors import InvalidArgument, NotFound, backend_unavailable, limit_error
 from .keys import TenantKeys
 from .limits import Limits
 from .paging import PageTokens, page_size
+from .prefix import delete_prefix
 from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.journal")
@@ -337,6 +338,21 @@ class Journal:
         return _view([*segments, *tail])
 
     # -- archives -----------------------------------------------------------
+    async def expire_archives(self, tenant: str, agent: str, before_ms: int) -> int:
+        """Retention: delete the archives rotated before `before_ms`, segments
+        first and the archive marker last, so a crash mid-way leaves a listed
+        archive that the next pass deletes again. Returns how many went."""
+        keys = _Keys(tenant, agent)
+        removed = 0
+        for item in await self._list_all(keys.archive):
+            info = json.loads(item.value)
+            if int(info["rotated"]) >= before_ms:
+                continue
+            await delete_prefix(self.storage, keys.segments(int(info["gen"])))
+            await self.storage.delete(item.key)
+            removed += 1
+        return removed
+
     async def list_archives(self, tenant: str, agent: str, size: int = 0, token: str = "") -> ArchivePage:
         check_agent(agent, "agent")
         keys = _Keys(tenant, agent)

@@ -9,13 +9,15 @@ storage contract only, so it runs on every backend.
     leases    acquire / renew / release
     commits   fenced, idempotent commits
     inbox     deliver / list / watch
-    janitor   orphan recovery and sweeps (ClaimOrphan)
+    erase     DeleteSession: the tombstone and the resumable sweep
+    janitor   orphan recovery and sweeps (ClaimOrphan), unfinished erasures, retention
 """
 
 from __future__ import annotations
 
 from .commits import CommitMethods, CommitResult
 from .core import LedgerBase, LedgerConfig, SessionView
+from .erase import EraseMethods, EraseResult
 from .fork import ForkMethods
 from .inbox import Delivery, InboxEvent, InboxMethods
 from .janitor import Janitor, JanitorStats
@@ -23,7 +25,7 @@ from .layout import LeaseState
 from .sessions import SessionSummary
 
 
-class Ledger(ForkMethods, InboxMethods, CommitMethods):
+class Ledger(ForkMethods, InboxMethods, CommitMethods, EraseMethods):
     """The ledger over one backend. One instance per process (it holds caches
     that only ever save reads; see LedgerBase)."""
 
@@ -34,5 +36,5 @@ class Ledger(ForkMethods, InboxMethods, CommitMethods):
 
 __all__ = [
     "Ledger", "LedgerConfig", "LedgerBase", "SessionView", "SessionSummary", "LeaseState",
-    "CommitResult", "Delivery", "InboxEvent", "Janitor", "JanitorStats",
+    "CommitResult", "EraseResult", "Delivery", "InboxEvent", "Janitor", "JanitorStats",
 ]

@@ -94,7 +94,9 @@ class CommitMethods(LedgerBase):
         ]
         writes += [Delete(sk.inbox_key(cid), Expect(exists=True)) for cid in consume]
         if commit_id:
-            writes.append(Put(sk.commit_key(commit_id), dumps({"s": new_seq, "f": fp}), Expect(exists=False)))
+            # "t": when, so retention can sweep markers past their window (docs/lifecycle.md)
+            marker = dumps({"s": new_seq, "f": fp, "t": int(self.clock())})
+            writes.append(Put(sk.commit_key(commit_id), marker, Expect(exists=False)))
         writes.append(Put(sk.act, dumps({"t": self.clock(), "s": new_seq})))
         size = sum(len(op.key.encode()) for op in (*checks, *writes))
         size += sum(len(w.value) for w in writes if isinstance(w, Put))

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 
 from fencepost import reasons
 
+from ...storage import Check, Expect, Put
+from ..errors import NotFound
 from .core import SessionView, bad
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
 from .sessions import AlreadyExists, SessionMethods, check_name
@@ -38,12 +40,24 @@ class ForkMethods(SessionMethods):
             sid = new_session_id(agent)
             sk = SessionKeys(tenant, sid, agent)
             meta = Meta(sid, agent, child_key, self.clock(), parent_sid, at_seq, {})
-            res = await self.storage.transact((), self._create_writes(sk, meta, idkey, at_seq))
+            # the parent must still exist (a DeleteSession tombstone removes its head),
+            # and its forks marker moves, so a delete deciding meanwhile sees this fork
+            writes = [
+                *self._create_writes(sk, meta, idkey, at_seq),
+                Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b""),
+            ]
+            res = await self.storage.transact([Check(parent.head, Expect(exists=True))], writes)
             if res.applied:
                 self._identities.put(idkey, sid)
                 return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
+            if 0 in res.failed:
+                raise session_not_found(parent_sid)
             existing = await self._sid_for(tenant, agent, child_key)
-        view = await self.get(tenant, existing or "")
+        try:
+            view = await self.get(tenant, existing or "")
+        except NotFound:  # a cached identity of a session deleted since (the store has none)
+            self.forget_identity(tenant, agent, child_key)
+            return await self.fork(tenant, parent_sid, at_seq, child_key)
         if view.parent == parent_sid and view.seed_length == at_seq:
             return view  # a retried fork
         raise AlreadyExists(
@@ -87,10 +101,17 @@ class ForkMethods(SessionMethods):
         if limit < 0:
             raise bad("limit", "limit must not be negative")
         left = limit or None
+        head = self.keys(tenant, sid).head
         async for page in self.log_pages(tenant, sid, from_seq):
+            # listed before this check: a page is returned only if the session was
+            # not deleted when it was read (and a live fork's ancestors are live)
+            if await self.storage.get(head) is None:
+                raise session_not_found(sid)
             if left is not None:
                 page = page[:left]
                 left -= len(page)
             yield page
             if left is not None and left <= 0:
                 return
+        if await self.storage.get(head) is None:
+            raise session_not_found(sid)  # the end seen may be the sweep's doing, not the log's

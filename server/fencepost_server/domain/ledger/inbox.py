@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fencepost import reasons
 
 from ...storage import Check, Expect, Item, Put, Write
-from ..errors import limit_error
+from ..errors import NotFound, limit_error
 from ..paging import page_size
 from .core import LedgerBase, bad, contended
 from .layout import (
@@ -70,11 +70,18 @@ class InboxMethods(SessionMethods, LeaseMethods):
             raise bad("dedupe_key", "dedupe_key is longer than 1024 characters")
         if session_id:
             sid = session_id
+            sk = self.keys(tenant, sid)
+            inbox_id, duplicate = await self._park(sk, payload, dedupe_key)
         else:
             check_name(agent, "agent")
             sid, _ = await self.open_id(tenant, agent, session_key)
-        sk = self.keys(tenant, sid)
-        inbox_id, duplicate = await self._park(sk, payload, dedupe_key)
+            try:
+                inbox_id, duplicate = await self._park(self.keys(tenant, sid), payload, dedupe_key)
+            except NotFound:  # a cached identity of a session deleted since: the key opens a new one
+                self.forget_identity(tenant, agent, session_key)
+                sid, _ = await self.open_id(tenant, agent, session_key)
+                inbox_id, duplicate = await self._park(self.keys(tenant, sid), payload, dedupe_key)
+            sk = self.keys(tenant, sid)
         self.notify(sid)
         granted, lease = False, None
         if try_lease:
@@ -111,6 +118,8 @@ class InboxMethods(SessionMethods, LeaseMethods):
             if res.applied:
                 return inbox_id, False
             if 0 in res.failed:
+                if len(payload) > self.config.inline_event_bytes:  # the session is gone (deleted): leave no blob behind
+                    await self.storage.delete(sk.blob_key(inbox_id))
                 raise session_not_found(sk.sid)
             if dedupe_key:
                 first = await self.storage.get(sk.dedupe_key(dedupe_key))

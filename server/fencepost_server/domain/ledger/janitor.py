@@ -9,7 +9,11 @@ Each pass, per pending-index shard (`#/ledger/pending/{shard}/`):
   - not empty, lease released or expired more than `grace` ago: an orphan,
     offered to ClaimOrphan callers of that tenant with the lease item seen.
 Then blobs (`#/ledger/blob/{shard}/`) older than `grace` whose inbox entry is
-gone are deleted (Deliver checks its blob still exists when it parks).
+gone are deleted (Deliver checks its blob still exists when it parks), and
+every session tombstoned more than `grace` ago but not yet swept
+(`#/ledger/erase/{shard}/`: its DeleteSession was cut short, by a crash or a
+deadline) is swept to the end (the sweep is idempotent, so two replicas
+finishing one session at once only delete the same keys twice).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from ...storage import Item
 from ..throttled_log import ThrottledWarning
 from .core import LedgerBase, SessionView
-from .layout import BLOB_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
+from .layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
 
 log = logging.getLogger("fencepost.ledger.janitor")
 
@@ -39,6 +43,7 @@ class JanitorStats:
     orphans_recovered: int = 0  # granted to a ClaimOrphan caller
     stale_pending_swept: int = 0
     blobs_swept: int = 0
+    erasures_finished: int = 0  # tombstoned sessions whose sweep the janitor completed
     oldest_pending_age: float = 0.0  # seconds, at the last pass
 
 
@@ -102,6 +107,7 @@ class Janitor:
                 start = entries[-1].key
         swept_before = (self.stats.stale_pending_swept, self.stats.blobs_swept)
         await self._sweep_blobs(now)
+        await self._finish_erasures(now)
         self.stats.passes += 1
         self.stats.orphans_found += sum(len(v) for v in found.values())
         self.stats.oldest_pending_age = oldest
@@ -152,6 +158,23 @@ class Janitor:
                 if len(keys) < _BATCH:
                     break
                 start = keys[-1]
+
+    async def _finish_erasures(self, now: float) -> None:
+        for shard in range(PENDING_SHARDS):
+            prefix = f"{ERASE_PREFIX}{shard:02x}/"
+            start = None
+            while True:
+                entries = await self.storage.list(prefix, start, _BATCH)
+                for entry in entries:
+                    if now - float(json.loads(entry.value)["t"]) <= self.grace:
+                        continue  # its DeleteSession is probably still sweeping it
+                    tenant, sid = json.loads(entry.value)["tenant"], entry.key.rsplit("/", 1)[1]
+                    await self.ledger.sweep_session(tenant, sid)  # type: ignore[attr-defined]
+                    self.stats.erasures_finished += 1
+                    self.ledger.events("janitor.erasures_finished")
+                if len(entries) < _BATCH:
+                    break
+                start = entries[-1].key
 
     # -- ClaimOrphan ------------------------------------------------------------------
     async def claim(

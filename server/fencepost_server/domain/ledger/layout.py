@@ -13,11 +13,19 @@ Per session (`{A}` = `{tenant}/sys/agentkit/v1/{agent}/durable-session/`):
     {A}s/{sid}/in/{inbox id}        one parked event (its presence is the fact "pending")
     {A}s/{sid}/dd/{sha256(dedupe)}  the inbox id a dedupe key parked (kept forever)
     {A}s/{sid}/cm/{sha256(commit)}  a commit's result, for idempotent retries
+    {A}s/{sid}/fk/{child sid}       one fork of this session (written with the fork)
+    {A}s/{sid}/forks                blind-put by every fork: DeleteSession's proof that
+                                    no fork appeared while it checked (its version moves)
 
 Server bookkeeping the janitor scans across tenants (`#/` never starts a tenant):
 
     #/ledger/pending/{shard}/{encoded tenant}/{sid}       "this session may have pending events"
     #/ledger/blob/{shard}/{encoded tenant}/{sid}/{inbox id}  payloads over the inline limit
+    #/ledger/erase/{shard}/{encoded tenant}/{sid}        a tombstoned session not yet swept
+
+A deleted session's gen item holds `erased_value(G + 1)` (suffix `x`) until
+the sweep removes it; its meta, head, lease and identity went in the same
+write, so every read and every fenced write misses from that write on.
 
 The fence items hold values that are a pure function of what the caller
 already knows (its generation, its expected seq), so every fenced write can
@@ -45,6 +53,7 @@ from ..keys import GLOBAL_PREFIX, TenantKeys
 PENDING_SHARDS = 16  # fixed: changing it would hide existing entries from the janitor
 PENDING_PREFIX = GLOBAL_PREFIX + "ledger/pending/"
 BLOB_PREFIX = GLOBAL_PREFIX + "ledger/blob/"
+ERASE_PREFIX = GLOBAL_PREFIX + "ledger/erase/"
 
 _SID = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_-]+$")
 _INBOX_ID = re.compile(r"^[0-9]{20}-[0-9a-f]{8}$")
@@ -98,7 +107,7 @@ class SessionKeys:
 
     __slots__ = (
         "tenant", "sid", "agent", "root", "base", "meta", "gen", "lease", "head", "size", "act",
-        "log", "inbox", "dedupe", "commits", "pending", "blobs",
+        "log", "inbox", "dedupe", "commits", "pending", "blobs", "forks", "fork_entries", "erase",
     )
 
     def __init__(self, tenant: str, sid: str, agent: str | None = None) -> None:
@@ -115,10 +124,13 @@ class SessionKeys:
         self.inbox = self.base + "in/"
         self.dedupe = self.base + "dd/"
         self.commits = self.base + "cm/"
+        self.forks = self.base + "forks"
+        self.fork_entries = self.base + "fk/"
         self.act = f"{self.root}act/{sid}"
         shard = f"{shard_of(sid):02x}"
         self.pending = f"{PENDING_PREFIX}{shard}/{encode_segment(tenant)}/{sid}"
         self.blobs = f"{BLOB_PREFIX}{shard}/{encode_segment(tenant)}/{sid}/"
+        self.erase = f"{ERASE_PREFIX}{shard}/{encode_segment(tenant)}/{sid}"
 
     def log_key(self, seq: int) -> str:
         return f"{self.log}{seq:020d}"
@@ -135,6 +147,9 @@ class SessionKeys:
     def commit_key(self, commit_id: str) -> str:
         return self.commits + digest(commit_id)
 
+    def fork_entry(self, child_sid: str) -> str:
+        return self.fork_entries + child_sid
+
 
 def agent_root(tenant: str, agent: str) -> str:
     return TenantKeys(tenant).agent(agent) + "durable-session/"
@@ -150,9 +165,19 @@ def gen_value(generation: int, held: bool) -> bytes:
     return f"{generation:020d}{'h' if held else 'r'}".encode()
 
 
+def erased_value(generation: int) -> bytes:
+    """The gen item of a deleted session (until swept): equal to no
+    `gen_value`, so every fenced write fails from the delete on."""
+    return f"{generation:020d}x".encode()
+
+
 def parse_gen(value: bytes) -> tuple[int, bool]:
     text = value.decode()
     return int(text[:20]), text[20:] == "h"
+
+
+def is_erased(value: bytes) -> bool:
+    return value[20:] == b"x"
 
 
 def seq_value(seq: int) -> bytes:

@@ -8,7 +8,7 @@ from fencepost import reasons
 from ...storage import Check, CountKeys, Delete, Expect, Item, Put
 from ..errors import FailedPrecondition
 from .core import INBOX_COUNT_CAP, LedgerBase, bad, contended, lease_fenced, lease_held
-from .layout import LeaseState, SessionKeys, gen_value, parse_gen, session_not_found
+from .layout import LeaseState, SessionKeys, gen_value, is_erased, parse_gen, session_not_found
 
 _ATTEMPTS = 8
 
@@ -89,7 +89,7 @@ class LeaseMethods(LedgerBase):
     async def fenced(self, sk: SessionKeys, generation: int) -> Exception:
         """The error for a failed generation check (read after the fact)."""
         item = await self.storage.get(sk.gen)
-        if item is None:
+        if item is None or is_erased(item.value):
             return session_not_found(sk.sid)
         current, held = parse_gen(item.value)
         return lease_fenced(generation, current, released=not held)
@@ -133,7 +133,7 @@ class LeaseMethods(LedgerBase):
             gen_index = len(checks)  # the gen write's condition index
             if gen_index in res.failed or not res.failed:
                 item = await self.storage.get(sk.gen)
-                if item is None:
+                if item is None or is_erased(item.value):
                     raise session_not_found(sid)
                 current, held = parse_gen(item.value)
                 if current == generation and not held:

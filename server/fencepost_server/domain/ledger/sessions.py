@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Expect, Item, Put, Write
+from ...storage import Check, Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound
 from ..paging import page_size
 from .core import LedgerBase, SessionView, bad
@@ -63,6 +63,32 @@ class SessionMethods(LedgerBase):
             Put(sk.act, dumps({"t": now, "s": seq})),
         ]
 
+    async def listing_keys(self, sk: SessionKeys) -> list[str]:
+        """Every key the restore listing (ListSessions) keeps for one session.
+        Erasure deletes exactly these (in the tombstone and again in the sweep),
+        so a change of the listing's layout only has to change this."""
+        return [sk.act]
+
+    async def idle_sessions(self, tenant: str, agent: str, before: float, limit: int = 1000) -> list[str]:
+        """Up to `limit` sessions of the agent whose last activity is older than
+        `before` (retention). Reads the restore listing's activity items: a
+        change of the listing's layout only has to change this and `listing_keys`."""
+        prefix = agent_root(tenant, agent) + "act/"
+        out: list[str] = []
+        start = None
+        while len(out) < limit:
+            items = await self.storage.list(prefix, start, 1000)
+            out += [it.key[len(prefix):] for it in items if json.loads(it.value)["t"] < before]
+            if len(items) < 1000:
+                break
+            start = items[-1].key
+        return out[:limit]
+
+    def forget_identity(self, tenant: str, agent: str, session_key: str) -> None:
+        """Drop a cached identity that named a session since deleted (another
+        replica deleted it; identities are otherwise immutable)."""
+        self._identities.drop(identity_key(tenant, agent, session_key))
+
     async def _sid_for(self, tenant: str, agent: str, session_key: str) -> str | None:
         idkey = identity_key(tenant, agent, session_key)
         sid = self._identities.get(idkey)
@@ -81,7 +107,14 @@ class SessionMethods(LedgerBase):
         sid, created = await self.open_id(tenant, agent, session_key, metadata)
         if created is not None:
             return created, True
-        return await self.get(tenant, sid), False
+        try:
+            return await self.get(tenant, sid), False
+        except NotFound:  # the session was deleted: the key opens a new one
+            self.forget_identity(tenant, agent, session_key)
+            sid, created = await self.open_id(tenant, agent, session_key, metadata)
+            if created is not None:
+                return created, True
+            return await self.get(tenant, sid), False
 
     async def open_id(
         self, tenant: str, agent: str, session_key: str, metadata: dict[str, str] | None = None
@@ -115,13 +148,19 @@ class SessionMethods(LedgerBase):
     async def resolve(self, tenant: str, agent: str, session_key: str) -> SessionView:
         check_name(agent, "agent")
         check_name(session_key, "session_key")
-        sid = await self._sid_for(tenant, agent, session_key)
-        if sid is None:
-            raise NotFound(
-                reasons.SESSION_NOT_FOUND, f"no session for key {session_key!r}",
-                {"agent": agent, "session_key": session_key},
-            )
-        return await self.get(tenant, sid)
+        for attempt in range(2):
+            sid = await self._sid_for(tenant, agent, session_key)
+            if sid is not None:
+                try:
+                    return await self.get(tenant, sid)
+                except NotFound:
+                    if attempt:
+                        raise
+                    self.forget_identity(tenant, agent, session_key)  # cached, since deleted
+        raise NotFound(
+            reasons.SESSION_NOT_FOUND, f"no session for key {session_key!r}",
+            {"agent": agent, "session_key": session_key},
+        )
 
     async def get(self, tenant: str, sid: str) -> SessionView:
         sk = self.keys(tenant, sid)
@@ -151,7 +190,8 @@ class SessionMethods(LedgerBase):
             return total
         async for page in self.log_pages(tenant, sid, upto + 1, head):  # type: ignore[attr-defined]
             total += sum(len(data) for _, data in page)
-        await self.storage.put(sk.size, dumps({"s": head, "b": total}))
+        # conditional: a session deleted meanwhile must not get an item back
+        await self.storage.transact([Check(sk.head, Expect(exists=True))], [Put(sk.size, dumps({"s": head, "b": total}))])
         return total
 
     async def list_sessions(
@@ -197,10 +237,13 @@ class SessionMethods(LedgerBase):
         for t, sid, seq in acts:
             if count >= max_sessions or len(out) >= limit:
                 break
-            nbytes = await self.session_bytes(tenant, sid, seq)
-            if used + nbytes > max_total_bytes:
-                return out, ""  # the byte budget binds: the listing ends here
-            meta = await self.read_meta(self.keys(tenant, sid))
+            try:
+                nbytes = await self.session_bytes(tenant, sid, seq)
+                if used + nbytes > max_total_bytes:
+                    return out, ""  # the byte budget binds: the listing ends here
+                meta = await self.read_meta(self.keys(tenant, sid))
+            except NotFound:
+                continue  # deleted since its activity item was listed
             out.append(SessionSummary(sid, meta.key, seq, t, nbytes))
             count, used = count + 1, used + nbytes
         more = count < max_sessions and len(acts) > len(out)

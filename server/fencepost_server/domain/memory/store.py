@@ -180,8 +180,13 @@ class MemoryStore:
     async def _catch_up(self, tenant: str, agent: str, folded: Fold) -> None:
         lane = self._lane(tenant, agent)
         while True:
-            after = f"{lane}{folded.head:020d}" if folded.head else None
+            # listed from the fold's own head record: if that is gone, the lane was
+            # erased (AdminService) since it was folded, and the fold starts over
+            after = f"{lane}{folded.head - 1:020d}" if folded.head > 1 else None
             rows = await self.storage.list(lane, after, _CATCH_UP_PAGE)
+            if folded.head and (not rows or rows[0].key != f"{lane}{folded.head:020d}"):
+                folded.__init__()  # type: ignore[misc]
+                continue
             for row in rows:
                 try:
                     position = int(row.key[len(lane):])

@@ -131,6 +131,14 @@ export enum ErrorReason {
    * declares it.
    */
   INTERNAL = 37,
+  /**
+   * SESSION_HAS_FORKS - FAILED_PRECONDITION: the session has live forks (metadata `session_id`,
+   * `forks`, `fork_session_ids`); delete them first, or ask for the
+   * descendants to be deleted too.
+   */
+  SESSION_HAS_FORKS = 38,
+  /** OPERATION_NOT_FOUND - NOT_FOUND: no such long-running operation for this tenant (metadata `name`). */
+  OPERATION_NOT_FOUND = 39,
   UNRECOGNIZED = -1,
 }
 
@@ -250,6 +258,12 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 37:
     case "ERROR_REASON_INTERNAL":
       return ErrorReason.INTERNAL;
+    case 38:
+    case "ERROR_REASON_SESSION_HAS_FORKS":
+      return ErrorReason.SESSION_HAS_FORKS;
+    case 39:
+    case "ERROR_REASON_OPERATION_NOT_FOUND":
+      return ErrorReason.OPERATION_NOT_FOUND;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -335,6 +349,10 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_MESSAGE_TOO_LARGE";
     case ErrorReason.INTERNAL:
       return "ERROR_REASON_INTERNAL";
+    case ErrorReason.SESSION_HAS_FORKS:
+      return "ERROR_REASON_SESSION_HAS_FORKS";
+    case ErrorReason.OPERATION_NOT_FOUND:
+      return "ERROR_REASON_OPERATION_NOT_FOUND";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

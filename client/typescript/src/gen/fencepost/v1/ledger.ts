@@ -419,6 +419,27 @@ export interface ClaimOrphanResponse {
   session: Session | undefined;
 }
 
+/** DeleteSessionRequest erases a session. */
+export interface DeleteSessionRequest {
+  /** The session. */
+  sessionId: string;
+  /** Delete even while events are pending (they are erased with the session). */
+  force: boolean;
+  /**
+   * Also delete every fork of the session (and their forks), each before its
+   * parent; without it a session with a live fork is refused.
+   */
+  deleteDescendants: boolean;
+}
+
+/** DeleteSessionResponse is the outcome of DeleteSession. */
+export interface DeleteSessionResponse {
+  /** Every session erased: the descendants (when asked for), then the session. */
+  deletedSessionIds: string[];
+  /** Stored items the sweep removed. */
+  erasedItems: string;
+}
+
 function createBaseLease(): Lease {
   return { holderId: "", generation: "0", expiresAt: undefined, live: false, released: false };
 }
@@ -4296,6 +4317,208 @@ export const ClaimOrphanResponse: MessageFns<ClaimOrphanResponse> = {
   },
 };
 
+function createBaseDeleteSessionRequest(): DeleteSessionRequest {
+  return { sessionId: "", force: false, deleteDescendants: false };
+}
+
+export const DeleteSessionRequest: MessageFns<DeleteSessionRequest> = {
+  encode(message: DeleteSessionRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    if (message.force !== false) {
+      writer.uint32(16).bool(message.force);
+    }
+    if (message.deleteDescendants !== false) {
+      writer.uint32(24).bool(message.deleteDescendants);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSessionRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSessionRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.force = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.deleteDescendants = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteSessionRequest {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      force: isSet(object.force) ? globalThis.Boolean(object.force) : false,
+      deleteDescendants: isSet(object.deleteDescendants)
+        ? globalThis.Boolean(object.deleteDescendants)
+        : isSet(object.delete_descendants)
+        ? globalThis.Boolean(object.delete_descendants)
+        : false,
+    };
+  },
+
+  toJSON(message: DeleteSessionRequest): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.force !== false) {
+      obj.force = message.force;
+    }
+    if (message.deleteDescendants !== false) {
+      obj.deleteDescendants = message.deleteDescendants;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSessionRequest>, I>>(base?: I): DeleteSessionRequest {
+    return DeleteSessionRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSessionRequest>, I>>(object: I): DeleteSessionRequest {
+    const message = createBaseDeleteSessionRequest();
+    message.sessionId = object.sessionId ?? "";
+    message.force = object.force ?? false;
+    message.deleteDescendants = object.deleteDescendants ?? false;
+    return message;
+  },
+};
+
+function createBaseDeleteSessionResponse(): DeleteSessionResponse {
+  return { deletedSessionIds: [], erasedItems: "0" };
+}
+
+export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
+  encode(message: DeleteSessionResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.deletedSessionIds) {
+      writer.uint32(10).string(v!);
+    }
+    if (message.erasedItems !== "0") {
+      writer.uint32(16).int64(message.erasedItems);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSessionResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSessionResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deletedSessionIds.push(reader.string());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.erasedItems = reader.int64().toString();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteSessionResponse {
+    return {
+      deletedSessionIds: globalThis.Array.isArray(object?.deletedSessionIds)
+        ? object.deletedSessionIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.deleted_session_ids)
+        ? object.deleted_session_ids.map((e: any) => globalThis.String(e))
+        : [],
+      erasedItems: isSet(object.erasedItems)
+        ? globalThis.String(object.erasedItems)
+        : isSet(object.erased_items)
+        ? globalThis.String(object.erased_items)
+        : "0",
+    };
+  },
+
+  toJSON(message: DeleteSessionResponse): unknown {
+    const obj: any = {};
+    if (message.deletedSessionIds?.length) {
+      obj.deletedSessionIds = message.deletedSessionIds;
+    }
+    if (message.erasedItems !== "0") {
+      obj.erasedItems = message.erasedItems;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSessionResponse>, I>>(base?: I): DeleteSessionResponse {
+    return DeleteSessionResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSessionResponse>, I>>(object: I): DeleteSessionResponse {
+    const message = createBaseDeleteSessionResponse();
+    message.deletedSessionIds = object.deletedSessionIds?.map((e) => e) || [];
+    message.erasedItems = object.erasedItems ?? "0";
+    return message;
+  },
+};
+
 /**
  * LedgerService gives each agent session one identity, one writer at a time
  * (a lease fenced by an ever-increasing generation), an ordered log of
@@ -4587,6 +4810,38 @@ export const LedgerServiceService = {
     responseSerialize: (value: ClaimOrphanResponse): Buffer => Buffer.from(ClaimOrphanResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ClaimOrphanResponse => ClaimOrphanResponse.decode(value),
   },
+  /**
+   * DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+   * write is the point of no return: one conditional write bumps the
+   * generation, marks the session deleted and removes its identity, so from
+   * it on every read answers SESSION_NOT_FOUND, every write of a holder
+   * (commit, renew, release, a paused one included) fails (fenced, or the
+   * session not found), a Deliver parks nothing, and an OpenSession with the
+   * same key creates a new session id. Then every stored item of the session
+   * is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+   * schedule records, restore-listing entry) before the response; if the
+   * call is cut short, the janitor of any replica finishes the removal.
+   * A retry of a delete that was cut short finishes it and succeeds.
+   * Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+   * `session_id`: drain the inbox, or delete with `force`);
+   * FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+   * `fork_session_ids`: delete the forks first, or set
+   * `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+   * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+   * (nothing of the session is left); the common ones (retry: a delete is
+   * idempotent until it completes).
+   * Roles: service and operator.
+   */
+  deleteSession: {
+    path: "/fencepost.v1.LedgerService/DeleteSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteSessionRequest): Buffer => Buffer.from(DeleteSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteSessionRequest => DeleteSessionRequest.decode(value),
+    responseSerialize: (value: DeleteSessionResponse): Buffer =>
+      Buffer.from(DeleteSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteSessionResponse => DeleteSessionResponse.decode(value),
+  },
 } as const;
 
 export interface LedgerServiceServer extends UntypedServiceImplementation {
@@ -4723,6 +4978,29 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * Roles: service and operator.
    */
   claimOrphan: handleUnaryCall<ClaimOrphanRequest, ClaimOrphanResponse>;
+  /**
+   * DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+   * write is the point of no return: one conditional write bumps the
+   * generation, marks the session deleted and removes its identity, so from
+   * it on every read answers SESSION_NOT_FOUND, every write of a holder
+   * (commit, renew, release, a paused one included) fails (fenced, or the
+   * session not found), a Deliver parks nothing, and an OpenSession with the
+   * same key creates a new session id. Then every stored item of the session
+   * is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+   * schedule records, restore-listing entry) before the response; if the
+   * call is cut short, the janitor of any replica finishes the removal.
+   * A retry of a delete that was cut short finishes it and succeeds.
+   * Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+   * `session_id`: drain the inbox, or delete with `force`);
+   * FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+   * `fork_session_ids`: delete the forks first, or set
+   * `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+   * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+   * (nothing of the session is left); the common ones (retry: a delete is
+   * idempotent until it completes).
+   * Roles: service and operator.
+   */
+  deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
 }
 
 export interface LedgerServiceClient extends Client {
@@ -5033,6 +5311,43 @@ export interface LedgerServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ClaimOrphanResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
+   * write is the point of no return: one conditional write bumps the
+   * generation, marks the session deleted and removes its identity, so from
+   * it on every read answers SESSION_NOT_FOUND, every write of a holder
+   * (commit, renew, release, a paused one included) fails (fenced, or the
+   * session not found), a Deliver parks nothing, and an OpenSession with the
+   * same key creates a new session id. Then every stored item of the session
+   * is removed (log, inbox, payload blobs, commit and dedupe markers, lease,
+   * schedule records, restore-listing entry) before the response; if the
+   * call is cut short, the janitor of any replica finishes the removal.
+   * A retry of a delete that was cut short finishes it and succeeds.
+   * Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
+   * `session_id`: drain the inbox, or delete with `force`);
+   * FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
+   * `fork_session_ids`: delete the forks first, or set
+   * `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or
+   * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
+   * (nothing of the session is left); the common ones (retry: a delete is
+   * idempotent until it completes).
+   * Roles: service and operator.
+   */
+  deleteSession(
+    request: DeleteSessionRequest,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  deleteSession(
+    request: DeleteSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  deleteSession(
+    request: DeleteSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -1,0 +1,273 @@
+"""Agent- and tenant-wide erasure: a long-running operation kept in the backend.
+
+An operation is one item, `#/ops/erase/{id}`, holding its scope, phase,
+cursor and counts. Any replica may run it: a runner claims the operation by
+a CAS on that item (a claim that expires), does one bounded step, and
+records its progress with a CAS on the version it claimed, so a replica that
+died mid-step leaves the operation to whoever claims it after the expiry,
+and two replicas never both record progress. Every step is idempotent
+(deletes, and DeleteSession's tombstone and sweep), so the step a dead
+replica was in the middle of is simply done again.
+
+Phases:
+- fence: every session in scope is tombstoned and swept, as DeleteSession
+  with force and delete_descendants (so a paused holder's next write
+  fails, and the ledger's global entries of each session go too). Sessions
+  are found by walking the scope's keys with skips: one list per session.
+- sweep: every key left under the scope's prefixes is deleted in batches
+  (journal and archives, memory, evals, author KV, ...); a tenant's request-id
+  markers and ledger index entries under `#/` go too.
+- done.
+
+The stored record never names an erased tenant (its SHA-256 authorizes
+GetOperation), and a finished agent erasure forgets the agent's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fencepost import reasons
+from fencepost.keys import encode_segment
+
+from ..storage import Item, Storage
+from .errors import InvalidArgument, NotFound
+from .keys import GLOBAL_PREFIX, TenantKeys
+from .ledger import Ledger
+from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
+
+log = logging.getLogger("fencepost.erasure")
+
+OPS_PREFIX = GLOBAL_PREFIX + "ops/erase/"
+REQUEST_PREFIX = GLOBAL_PREFIX + "req/"
+NAME_PREFIX = "operations/erase-"
+_END = "\U0010ffff"  # sorts after every character a key holds: "skip this subtree"
+_SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
+_ID = re.compile(r"^[0-9a-f]{32}$")
+_STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    name: str
+    done: bool
+    agent: str
+    phase: str
+    sessions_fenced: int
+    items_erased: int
+    created: float
+    updated: float
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _view(op_id: str, state: dict[str, object]) -> OperationView:
+    return OperationView(
+        NAME_PREFIX + op_id, state["phase"] == "done", str(state.get("agent") or ""), str(state["phase"]),
+        int(state["fenced"]), int(state["erased"]), float(state["created"]), float(state["updated"]),  # type: ignore[arg-type]
+    )
+
+
+class Eraser:
+    """Starts, runs and reports erasure operations. One per process."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        ledger: Ledger,
+        *,
+        clock: Callable[[], float] = time.time,
+        claim_seconds: float = 30.0,
+        poll_seconds: float | None = 5.0,
+        events: Callable[..., None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.ledger = ledger
+        self.clock = clock
+        self.claim_seconds = claim_seconds
+        self.poll_seconds = poll_seconds
+        self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
+        self.replica = uuid.uuid4().hex
+        self._wake = asyncio.Event()
+
+    # -- the RPCs ---------------------------------------------------------------------
+    async def start(self, tenant: str, agent: str | None, request_id: str = "") -> OperationView:
+        """Record a new operation (or return the one this request_id started)."""
+        if agent is not None and (not agent or "\x00" in agent):
+            raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL",
+                                  field="agent")
+        if len(request_id) > 128:
+            raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
+                                  field="request_id")
+        seed = f"{tenant}\x00{agent}\x00{request_id}" if request_id else uuid.uuid4().hex
+        op_id = _digest(seed)[:32]
+        now = self.clock()
+        state: dict[str, object] = {
+            "tenant": _digest(tenant), "scope_tenant": tenant, "agent": agent, "phase": "fence",
+            "cursor": None, "fenced": 0, "erased": 0, "created": now, "updated": now, "claim": None,
+        }
+        res = await self.storage.put_if_absent(OPS_PREFIX + op_id, _dump(state))
+        if not res.applied:
+            return await self.get(tenant, NAME_PREFIX + op_id)
+        self._wake.set()
+        self.events("erasure.started")
+        return _view(op_id, state)
+
+    async def get(self, tenant: str, name: str) -> OperationView:
+        op_id = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
+        item = await self.storage.get(OPS_PREFIX + op_id) if _ID.match(op_id) else None
+        state = json.loads(item.value) if item is not None else None
+        if state is None or state["tenant"] != _digest(tenant):
+            raise NotFound(reasons.OPERATION_NOT_FOUND, f"no operation {name!r}", {"name": name})
+        return _view(op_id, state)
+
+    # -- the runner -------------------------------------------------------------------
+    async def run(self) -> None:
+        """The background loop (every replica): claim unfinished operations
+        every `poll_seconds` (None: only when this replica starts one), and at
+        once when this replica starts one."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.run_pending()
+            except Exception as exc:  # an outage: try again next round
+                log.warning("erasure pass failed: %s", exc)
+
+    async def run_pending(self) -> int:
+        """Run every unfinished operation this replica can claim to the end;
+        returns how many it finished."""
+        finished, start = 0, None
+        while True:
+            items = await self.storage.list(OPS_PREFIX, start, 100)
+            for item in items:
+                if json.loads(item.value)["phase"] != "done" and await self._run(item):
+                    finished += 1
+            if len(items) < 100:
+                return finished
+            start = items[-1].key
+
+    async def _run(self, item: Item) -> bool:
+        state = json.loads(item.value)
+        claim = state.get("claim")
+        now = self.clock()
+        if claim and claim["by"] != self.replica and claim["until"] > now:
+            return False  # another replica is on it
+        version = await self._save(item.key, item.version, state, claimed=True)
+        if version is None:
+            return False
+        while state["phase"] != "done":
+            await self._step(state)
+            version = await self._save(item.key, version, state, claimed=state["phase"] != "done")
+            if version is None:
+                return False  # taken over (this replica was too slow): the other one goes on
+        self.events("erasure.finished")
+        return True
+
+    async def _save(self, key: str, version: str, state: dict[str, object], *, claimed: bool) -> str | None:
+        now = self.clock()
+        state["claim"] = {"by": self.replica, "until": now + self.claim_seconds} if claimed else None
+        state["updated"] = now
+        res = await self.storage.put_if_version(key, _dump(state), version)
+        return res.version if res.applied else None
+
+    async def _step(self, state: dict[str, object]) -> None:
+        """One bounded piece of work; advances the cursor / phase."""
+        tenant, agent = str(state["scope_tenant"]), state["agent"]
+        if state["phase"] == "fence":
+            await self._fence_next(tenant, agent if isinstance(agent, str) else None, state)
+            return
+        if "prefixes" not in state:  # fixed once, so the cursor indexes the same list on every replica
+            state["prefixes"] = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
+        prefixes = list(state["prefixes"])  # type: ignore[call-overload]
+        index = int(state["cursor"] or 0)  # type: ignore[call-overload]
+        if index < len(prefixes):
+            removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS)
+            state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
+            if removed < _STEP_KEYS:
+                state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
+            return
+        # done: the record keeps no name of what it erased (the tenant's hash authorizes reads)
+        state["phase"], state["cursor"] = "done", None
+        state.pop("scope_tenant", None)
+        state.pop("prefixes", None)
+        if isinstance(agent, str):
+            state["agent"], state["agent_hash"] = None, _digest(agent)
+
+    async def _fence_next(self, tenant: str, agent: str | None, state: dict[str, object]) -> None:
+        """Tombstone and sweep the next session in scope (skipping every other
+        subtree with one list), or move to the sweep phase."""
+        scope = agent_root(tenant, agent) if agent is not None else TenantKeys(tenant).sys_root
+        start = state["cursor"]
+        for _ in range(64):  # bounded: progress is saved at least every 64 lists
+            keys = await self.storage.list_keys(scope, start, 1)  # type: ignore[arg-type]
+            if not keys:
+                state["phase"], state["cursor"] = "sweep", 0
+                return
+            key = keys[0]
+            m = _SESSION.match(key)
+            if m is None:
+                start = _skip(key, scope)
+                continue
+            sid = m.group(2)
+            try:
+                doomed = await self.ledger.tombstone(tenant, sid, force=True, descendants=True)
+            except NotFound:
+                doomed = []  # not a whole session (leftovers): the sweep phase deletes them
+            for each in doomed:
+                state["erased"] = int(state["erased"]) + await self.ledger.sweep_session(tenant, each)  # type: ignore[call-overload]
+            state["fenced"] = int(state["fenced"]) + len(doomed)  # type: ignore[call-overload]
+            state["cursor"] = m.group(0) + _END
+            return
+        state["cursor"] = start
+
+    async def _prefixes(self, tenant: str, agent: str | None) -> list[str]:
+        """Every prefix the sweep phase empties, in a stable order."""
+        keys = TenantKeys(tenant)
+        if agent is not None:
+            return [keys.agent(agent), keys.kv(f"agentkit/v1/{encode_segment(agent)}/")]
+        enc = encode_segment(tenant)
+        ledger_index = [
+            f"{prefix}{shard:02x}/{enc}/"
+            for prefix in (PENDING_PREFIX, BLOB_PREFIX, ERASE_PREFIX) for shard in range(PENDING_SHARDS)
+        ]
+        # request-id markers live in hourly buckets (#/req/{hour}/{tenant}/...): a few at a time
+        buckets, start = [], None
+        while True:
+            found = await self.storage.list_keys(REQUEST_PREFIX, start, 1)
+            if not found:
+                break
+            bucket = found[0][len(REQUEST_PREFIX):].split("/", 1)[0]
+            buckets.append(f"{REQUEST_PREFIX}{bucket}/{enc}/")
+            start = f"{REQUEST_PREFIX}{bucket}/{_END}"
+        return [keys.root, *ledger_index, *sorted(buckets)]
+
+
+def _skip(key: str, scope: str) -> str:
+    """A start_after that skips the subtree of `key`, which holds no session:
+    the ledger's identities and listing (agent scope), or an agent's other
+    subsystems (tenant scope: `{tenant}/sys/` + `agentkit/v1/{agent}/{subsystem}/`)."""
+    rest = key[len(scope):].split("/")
+    if scope.endswith("/durable-session/"):
+        return scope + rest[0] + "/" + _END  # id/, act/: sessions are under s/
+    if len(rest) > 4 and rest[:2] == ["agentkit", "v1"] and rest[3] == "durable-session":
+        head = scope + "/".join(rest[:4]) + "/"
+        return head + "s" if key < head + "s/" else key
+    return scope + "/".join(rest[:4]) + "/" + _END
+
+
+def _dump(state: dict[str, object]) -> bytes:
+    return json.dumps(state, separators=(",", ":"), sort_keys=True).encode()

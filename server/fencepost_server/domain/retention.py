@@ -1,0 +1,188 @@
+"""Retention: the opt-in sweeps that keep the store from growing forever.
+
+Each setting is off (keep forever) unless given a positive age:
+- idle sessions: a session whose last activity is older than the age, with no
+  live lease, is erased through DeleteSession's path (tombstone, then sweep).
+  A session with live forks, or with events pending, waits (retention never
+  erases an undelivered event); it is tried again on later passes.
+- journal archives rotated longer ago than the age are deleted.
+- commit markers (`cm/`, the commit_id idempotency markers) older than the
+  window are deleted; a commit retried after that gets SEQUENCE_MISMATCH
+  instead of its first result, and never applies twice (the head moved).
+KV / eval request-id markers have their own fixed window (domain/requests.py,
+swept by the server every `request_sweep_seconds`).
+
+A pass walks the keyspace agent by agent (one list per skipped subtree, so
+logs and KV spaces are jumped over, not read), and stops after `batch` list
+calls; the next pass goes on from where it stopped, so every pass is bounded
+and every agent is visited in turn. Every action is idempotent or
+conditional, so several replicas may sweep at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from urllib.parse import unquote
+
+from ..storage import Storage
+from .errors import DomainError
+from .journal import Journal
+from .ledger import Ledger
+from .ledger.layout import LeaseState, agent_root
+
+log = logging.getLogger("fencepost.retention")
+
+_END = "\U0010ffff"
+_AGENT_DEPTH = 5  # {tenant}/sys/agentkit/v1/{agent}/
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    idle_session_seconds: float = 0.0  # 0 = keep forever
+    archive_seconds: float = 0.0
+    commit_marker_seconds: float = 0.0
+    batch: int = 1000  # list calls per pass
+    interval: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_session_seconds > 0 or self.archive_seconds > 0 or self.commit_marker_seconds > 0
+
+
+@dataclass
+class RetentionCounts:
+    sessions_erased: int = 0
+    sessions_waiting: int = 0  # idle, but with live forks, pending events or a live lease
+    archives_erased: int = 0
+    commit_markers_erased: int = 0
+    agents_visited: int = 0
+
+
+class Retention:
+    def __init__(
+        self,
+        storage: Storage,
+        ledger: Ledger,
+        journal: Journal,
+        config: RetentionConfig,
+        clock: Callable[[], float] = time.time,
+        events: Callable[..., None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.ledger = ledger
+        self.journal = journal
+        self.config = config
+        self.clock = clock
+        self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
+        self.cursor: str | None = None  # where the walk goes on (per process: passes are idempotent)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep_pass()
+            except Exception as exc:  # an outage: try again next pass
+                log.warning("retention pass failed: %s", exc)
+            await asyncio.sleep(self.config.interval)
+
+    async def sweep_pass(self) -> RetentionCounts:
+        """One bounded pass; returns what it swept."""
+        counts = RetentionCounts()
+        if not self.config.enabled:
+            return counts
+        budget = self.config.batch
+        while budget > 0:
+            keys = await self.storage.list_keys("", self.cursor, 1)
+            budget -= 1
+            if not keys:
+                self.cursor = None  # the walk wrapped: the next pass starts over
+                break
+            key = keys[0]
+            segments = key.split("/")
+            if len(segments) > _AGENT_DEPTH and segments[1:4] == ["sys", "agentkit", "v1"]:
+                prefix = "/".join(segments[:_AGENT_DEPTH]) + "/"
+                tenant, agent = segments[0], segments[4]
+                if not tenant.startswith("sha256:") and not agent.startswith("sha256:"):
+                    budget -= await self._agent(unquote(tenant), unquote(agent), counts)
+                self.cursor = prefix + _END
+            else:
+                self.cursor = _skip(segments, key)
+        for f in fields(counts):
+            value = getattr(counts, f.name)
+            if value and f.name != "agents_visited":
+                self.events(f"retention.{f.name}", value)
+        return counts
+
+    async def _agent(self, tenant: str, agent: str, counts: RetentionCounts) -> int:
+        """Sweep one agent; returns the list calls it spent (roughly)."""
+        now, spent = self.clock(), 1
+        counts.agents_visited += 1
+        c = self.config
+        if c.idle_session_seconds > 0:
+            for sid in await self.ledger.idle_sessions(tenant, agent, now - c.idle_session_seconds):
+                spent += 1
+                if await self._erase_idle(tenant, sid, now):
+                    counts.sessions_erased += 1
+                else:
+                    counts.sessions_waiting += 1
+        if c.archive_seconds > 0:
+            counts.archives_erased += await self.journal.expire_archives(
+                tenant, agent, int((now - c.archive_seconds) * 1000)
+            )
+            spent += 1
+        if c.commit_marker_seconds > 0:
+            erased, calls = await self._expire_markers(tenant, agent, now - c.commit_marker_seconds)
+            counts.commit_markers_erased += erased
+            spent += calls
+        return spent
+
+    async def _erase_idle(self, tenant: str, sid: str, now: float) -> bool:
+        lease = await self.storage.get(self.ledger.keys(tenant, sid).lease)
+        if lease is not None and LeaseState.decode(lease.value).live(now):
+            return False  # held: not idle whatever its last commit says
+        try:
+            await self.ledger.delete_session(tenant, sid)
+            return True
+        except DomainError:  # live forks, pending events, gone meanwhile, contended: next pass
+            return False
+
+    async def _expire_markers(self, tenant: str, agent: str, before: float) -> tuple[int, int]:
+        sessions = agent_root(tenant, agent) + "s/"
+        erased, calls, start = 0, 0, None
+        while True:
+            found = await self.storage.list_keys(sessions, start, 1)
+            calls += 1
+            if not found:
+                return erased, calls
+            sid = found[0][len(sessions):].split("/", 1)[0]
+            markers = self.ledger.keys(tenant, sid).commits
+            after = None
+            while True:
+                items = await self.storage.list(markers, after, 1000)
+                calls += 1
+                for it in items:
+                    t = json.loads(it.value).get("t")
+                    if t is not None and t < before:  # markers from before "t" was kept stay
+                        await self.storage.delete(it.key)
+                        erased += 1
+                if len(items) < 1000:
+                    break
+                after = items[-1].key
+            start = f"{sessions}{sid}/{_END}"
+
+
+def _skip(segments: list[str], key: str) -> str:
+    """start_after past the subtree of `key` that holds no agent."""
+    if key.startswith("#/"):
+        return "#/" + _END
+    if len(segments) >= 3 and segments[1] == "sys":
+        if segments[2] == "agentkit":
+            return key  # an agentkit key too short to name an agent: step past it
+        return "/".join(segments[:3]) + "/" + _END  # another subsystem: agentkit may follow
+    if len(segments) >= 2:
+        return "/".join(segments[:2]) + "/" + _END
+    return key
