@@ -21,7 +21,7 @@ from fencepost.cli.args import (
     readable_file,
 )
 
-from . import __version__, cli_dynamodb, tracing
+from . import __version__, cli_dynamodb, cli_lifecycle, tracing
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
 
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _hash_token_parser(sub)
     cli_dynamodb.register(sub)
+    cli_lifecycle.register(sub)  # backup / restore / migrate
     register_client_commands(sub)  # kv / ledger / journal / memory over gRPC
     return parser
 

@@ -1,6 +1,7 @@
 """The storage contract and its backends (memory, sqlite, dynamodb)."""
 
 from .base import (
+    EXPORT_PAGE,
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
     BackendUnavailable,
@@ -21,7 +22,7 @@ from .base import (
 from .registry import open_backend, register
 
 __all__ = [
-    "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
+    "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
     "Expect", "InvalidTransaction", "Item", "PersistenceUncertain", "Put", "Storage",
     "StorageError", "TxnResult", "Write", "open_backend", "register",
 ]

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
 
 MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
+#: items per page of `Storage.export_items`
+EXPORT_PAGE = 1000
 
 
 def new_version() -> str:
@@ -165,6 +167,30 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
         raise InvalidTransaction("a transaction names one key more than once")
 
 
+def version_family(token: str) -> tuple[str, int] | None:
+    """(family, counter) of a counter-shaped version token, else None.
+
+    A counter token is `[epoch-]` followed by lowercase hex digits of a fixed
+    width: the SQLite backend's `%016x`, the memory backend's
+    `{epoch}-%012x`. Tokens of one family (same epoch prefix, same width)
+    order by their counter. Random tokens (DynamoDB's 128 bits: 32 digits)
+    are not counters and belong to no family."""
+    head, _, digits = token.rpartition("-")
+    if not digits or len(digits) > 16 or digits.strip("0123456789abcdef"):
+        return None
+    return f"{head}-{len(digits)}" if head else f"{len(digits)}", int(digits, 16)
+
+
+def highest_per_family(tokens: Iterable[str]) -> dict[str, tuple[int, str]]:
+    """family -> (counter, token) of the highest counter-shaped token of each family."""
+    out: dict[str, tuple[int, str]] = {}
+    for token in tokens:
+        shape = version_family(token)
+        if shape is not None and (shape[0] not in out or shape[1] > out[shape[0]][0]):
+            out[shape[0]] = (shape[1], token)
+    return out
+
+
 def prefix_end(prefix: str) -> str | None:
     """The smallest string greater than every string starting with `prefix`,
     or None when there is none (empty prefix or all max code points)."""
@@ -229,6 +255,43 @@ class Storage(abc.ABC):
         holds after the writes: the transaction's own puts and deletes are
         always reflected; keys other callers write at the same moment may or
         may not be (embedded backends count inside the write, so exactly)."""
+
+    # -- operator tools: backup, restore, migration (lifecycle/) -----------
+    # Never used on a request path. An import target is quiesced (no server
+    # writes to it while it runs). Every backend implements them; wrappers
+    # that do not (test doubles) refuse.
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        """Every item of the whole keyspace after `start_after`, in key order,
+        `page` items at a time, each with its version token."""
+        while True:
+            items = await self.list("", start_after, page)
+            if items:
+                yield items
+            if len(items) < page:
+                return
+            start_after = items[-1].key
+
+    async def import_items(self, items: Sequence[Item]) -> None:
+        """Write `items` unconditionally, keeping each version token byte for
+        byte (keys at most once per call). Writing the same items again is
+        harmless, so an interrupted import resumes by re-sending. The imported
+        versions are reserved as `reserve_versions` does."""
+        raise NotImplementedError(f"{type(self).__name__} cannot import")
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        """Never mint, from now on, a version equal to one of `tokens` nor to
+        any token of the same counter family below it (see `version_family`):
+        versions brought over from another store, or another store's
+        watermarks, so that no version ever comes back (no ABA across a move)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reserve versions")
+
+    async def version_watermarks(self) -> list[str]:
+        """The highest token of every counter family this backend has minted
+        or reserved (SQLite keeps only its own family, the one family a
+        durable backend mints). An export carries them, and the import target
+        reserves them: a version that was deleted before the export can then
+        never be minted again either."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no version watermarks")
 
     # -- lifecycle ---------------------------------------------------------
     async def ping(self) -> None:

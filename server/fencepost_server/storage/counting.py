@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .. import tracing
-from .base import CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
+from .base import EXPORT_PAGE, CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
 
 T = TypeVar("T")
 Hook = Callable[[str, float, BaseException | None], None]
@@ -68,6 +68,19 @@ class ObservedStorage(Storage):
         self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
         return await self._observe("transact", self.inner.transact(checks, writes, count))
+
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        async for items in self.inner.export_items(start_after, page):
+            yield items
+
+    async def import_items(self, items: Sequence[Item]) -> None:
+        await self._observe("import_items", self.inner.import_items(items))
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        await self.inner.reserve_versions(tokens)
+
+    async def version_watermarks(self) -> list[str]:
+        return await self.inner.version_watermarks()
 
     async def ping(self) -> None:
         await self.inner.ping()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterable, Sequence
 
 from .base import (
     BackendUnavailable,
@@ -17,9 +18,12 @@ from .base import (
     Storage,
     TxnResult,
     Write,
+    highest_per_family,
     new_version,
     validate_transaction,
 )
+
+_COUNTER_DIGITS = 12
 
 
 class MemoryStorage(Storage):
@@ -28,14 +32,25 @@ class MemoryStorage(Storage):
     def __init__(self) -> None:
         self._items: dict[str, Item] = {}
         self._keys: list[str] = []  # sorted; str order == UTF-8 byte order
+        # Versions are random (`_next_version`); the epoch only names the counter
+        # family this backend once minted, for watermarks reserved from elsewhere.
+        self._epoch = secrets.token_hex(4)
+        self._minted = 0
+        #: family -> (counter, token): the highest token of each family reserved
+        self._reserved: dict[str, tuple[int, str]] = {}
         self._closed = False
 
     def _open(self) -> None:
         if self._closed:
             raise BackendUnavailable("memory backend is closed")
 
+    def _next_version(self) -> str:
+        # 128 random bits, never a counter: a tenant's versions say nothing
+        # about anyone else's writes, and none can equal an imported token.
+        return new_version()
+
     def _store(self, key: str, value: bytes, version: str | None = None) -> str:
-        version = version or new_version()
+        version = version or self._next_version()
         if key not in self._items:
             bisect.insort(self._keys, key)
         self._items[key] = Item(key, bytes(value), version)
@@ -122,6 +137,30 @@ class MemoryStorage(Storage):
                 versions.append(None)
         counted = None if count is None else len(self._scan(count.prefix, None, count.limit))
         return TxnResult(True, tuple(versions), count=counted)
+
+    # -- operator tools ----------------------------------------------------
+    async def import_items(self, items: Sequence[Item]) -> None:
+        self._open()
+        for item in items:
+            self._store(item.key, item.value, item.version)
+        await self.reserve_versions(item.version for item in items)
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        self._open()
+        for family, (counter, token) in highest_per_family(tokens).items():
+            if family not in self._reserved or counter > self._reserved[family][0]:
+                self._reserved[family] = (counter, token)
+        own = self._reserved.get(f"{self._epoch}-{_COUNTER_DIGITS}")
+        if own is not None and own[0] > self._minted:
+            self._minted = own[0]
+            self._counter = itertools.count(own[0] + 1)
+
+    async def version_watermarks(self) -> list[str]:
+        self._open()
+        tokens = [token for _, token in self._reserved.values()]
+        if self._minted:
+            tokens.append(f"{self._epoch}-{self._minted:0{_COUNTER_DIGITS}x}")
+        return sorted(token for _, token in highest_per_family(tokens).values())
 
     async def close(self) -> None:
         self._closed = True

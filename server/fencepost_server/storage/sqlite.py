@@ -8,7 +8,10 @@ while the writer writes.
 
 Version tokens are 128 random bits minted per write (`new_version`), as on
 every backend: unique across restarts, processes sharing the file and copies
-of it, and they say nothing about how much anyone else writes.
+of it, and they say nothing about how much anyone else writes. Files written
+before kept a counter (`meta`); it is still raised past every counter-shaped
+version an import brings in and reported as this file's watermark, so those
+older tokens stay reserved across a move.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import queue
 import sqlite3
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from .base import (
     Storage,
     TxnResult,
     Write,
+    highest_per_family,
     new_version,
     prefix_end,
     validate_transaction,
@@ -47,9 +51,13 @@ CREATE TABLE IF NOT EXISTS kv (
   value BLOB NOT NULL,
   version TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
 
 _MAX_BATCH = 512
+#: the counter family of this backend's versions (base.version_family)
+_COUNTER_FAMILY = "16"
 _STOP = object()
 
 
@@ -97,6 +105,7 @@ class _Worker:
         if writer:
             self._conn.executescript(_SCHEMA)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._next_version = 0
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -111,6 +120,14 @@ class _Worker:
         self._queue.put(_STOP)
         self._thread.join()
         self._conn.close()
+
+    @staticmethod
+    def _version() -> str:
+        return new_version()
+
+    def reserve(self, counter: int) -> None:
+        """Mint past `counter` from now on (called by an op inside a batch)."""
+        self._next_version = max(self._next_version, counter)
 
     def _run(self) -> None:
         while True:
@@ -145,13 +162,16 @@ class _Worker:
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
+            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
+            self._next_version = start
             for op, _, _ in batch:
                 conn.execute("SAVEPOINT op")
-                outcome = self._call(op, (conn, new_version))
+                outcome = self._call(op, (conn, self._version))
                 conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
                 if not outcome[0]:
                     conn.execute("RELEASE op")  # one bad op must not sink the batch
                 outcomes.append(outcome)
+            conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.warning("sqlite batch commit failed: %s", exc)
@@ -329,6 +349,58 @@ class SqliteStorage(Storage):
             return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
 
         return await self._write_op(op)
+
+    # -- operator tools ----------------------------------------------------
+    async def import_items(self, items: Sequence[Item]) -> None:
+        rows = [(item.key.encode(), item.value, item.version) for item in items]
+        highest = highest_per_family(item.version for item in items).get(_COUNTER_FAMILY)
+
+        def op(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
+            conn.executemany(
+                "INSERT INTO kv (key, value, version) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                rows,
+            )
+            if highest is not None:
+                self._writer.reserve(highest[0])
+
+        await self._write_op(op)
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        # Only this backend's own family can ever be minted here; others are
+        # never equal to a minted token (another width or an epoch prefix).
+        highest = highest_per_family(tokens).get(_COUNTER_FAMILY)
+        if highest is not None:
+            await self._write_op(lambda _conn, _version: self._writer.reserve(highest[0]))
+
+    async def version_watermarks(self) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            (n,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
+            return [f"{n:016x}"] if n else []
+
+        return await self._read(read)
+
+    async def snapshot(self, path: str | Path) -> None:
+        """An online, point-in-time copy of the whole file at `path`: sqlite3's
+        backup API in one step, i.e. inside one read transaction, so under WAL
+        writers carry on while it copies and the copy holds exactly the
+        transactions committed before it began."""
+        if self._closed:
+            raise BackendUnavailable("sqlite backend is closed")
+
+        def copy() -> None:
+            source = _connect(self.path, "NORMAL")
+            target = sqlite3.connect(str(path))
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+                source.close()
+
+        try:
+            await asyncio.to_thread(copy)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"sqlite snapshot of {self.path} failed: {exc}") from exc
 
     async def close(self) -> None:
         if self._closed:

@@ -14,6 +14,7 @@ walk never misses data; entries of emptied partitions are merely skipped.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -109,17 +110,17 @@ async def directory(query: QueryFn, prefix: str, page: int, *, skip: str) -> Asy
         request = {**request, "ExclusiveStartKey": last}
 
 
-async def merge_walk(
+async def merged(
     home: AsyncIterator[Row],
     partitions: AsyncIterator[str],
     open_partition: Callable[[str], AsyncIterator[Row]],
     key_of: Callable[[Row], str],
-    limit: int,
-) -> list[Row]:
-    """The first `limit` rows, in key order, of `home` and of each partition
-    named by `partitions` (in name order). A partition is opened only when
-    the smallest pending key is not below its name, since none of its keys
-    can sort before the name."""
+) -> AsyncIterator[Row]:
+    """The rows, in key order, of `home` and of each partition named by
+    `partitions` (in name order). A partition is opened only when the
+    smallest pending key is not below its name, since none of its keys can
+    sort before the name; a row is fetched only when the previous one has
+    been taken."""
     order = itertools.count()
     heap: list[tuple[str, int, Row, AsyncIterator[Row]]] = []
 
@@ -130,14 +131,31 @@ async def merge_walk(
 
     await pull(home)
     next_name = await anext(partitions, None)
-    out: list[Row] = []
-    while len(out) < limit:
+    while True:
         while next_name is not None and (not heap or next_name <= heap[0][0]):
             await pull(open_partition(next_name))
             next_name = await anext(partitions, None)
         if not heap:
-            break
+            return
         _, _, row, source = heapq.heappop(heap)
-        out.append(row)
+        yield row
         await pull(source)
+
+
+async def merge_walk(
+    home: AsyncIterator[Row],
+    partitions: AsyncIterator[str],
+    open_partition: Callable[[str], AsyncIterator[Row]],
+    key_of: Callable[[Row], str],
+    limit: int,
+) -> list[Row]:
+    """The first `limit` rows of `merged(...)`."""
+    out: list[Row] = []
+    if limit <= 0:
+        return out
+    async with contextlib.aclosing(merged(home, partitions, open_partition, key_of)) as rows:
+        async for row in rows:
+            out.append(row)
+            if len(out) >= limit:
+                break
     return out

@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import aioboto3
@@ -38,6 +38,7 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
 
 from ..base import (
+    EXPORT_PAGE,
     BackendUnavailable,
     CasResult,
     Check,
@@ -48,10 +49,11 @@ from ..base import (
     Storage,
     TxnResult,
     Write,
+    highest_per_family,
     new_version,
     validate_transaction,
 )
-from . import listing
+from . import bulk, listing
 from .codec import (
     Condition,
     KeyCodec,
@@ -102,6 +104,10 @@ class DynamoStorage(Storage):
         # entry costs one extra directory write, never correctness.
         self._known: OrderedDict[str, None] = OrderedDict()
         self._known_limit = known_partitions
+        # The stored version watermarks as last read or written (bulk.py);
+        # None until the first import of this process needs them.
+        self._watermarks: dict[str, tuple[int, str]] | None = None
+        self._bulk_gate = asyncio.Semaphore(bulk.IN_FLIGHT)  # BatchWriteItem requests in flight
 
     @classmethod
     def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
@@ -223,6 +229,45 @@ class DynamoStorage(Storage):
         home = self.codec.layout.home_of_prefix(prefix)
         partitions = listing.directory(self._query, prefix, max(limit, 100), skip=home)
         return await listing.merge_walk(partition_rows(home), partitions, partition_rows, key_from, limit)
+
+    # -- operator tools (bulk.py) -------------------------------------------
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        async for items in bulk.export(self._query, start_after, page):
+            yield items
+
+    async def import_items(self, items: Sequence[Item]) -> None:
+        puts: list[dict[str, Any]] = []
+        partitions: dict[str, None] = {}
+        for item in items:
+            partition, key_attrs = self.codec.key_attributes(item.key)
+            puts.append({**key_attrs, VALUE: {"B": item.value}, VERSION: {"S": item.version}})
+            if self._needs_directory(partition):
+                partitions[partition] = None
+        # Versions here are random, never counters, so reserving is only
+        # bookkeeping for a later export; it is written before the items.
+        await self.reserve_versions(item.version for item in items)
+        client = await self.client()
+        if partitions:
+            entries = [bulk.directory_item(p) for p in partitions]
+            await bulk.batch_put(client, self.table, entries, self.retry, self._bulk_gate)
+            self._remember(list(partitions))
+        await bulk.batch_put(client, self.table, puts, self.retry, self._bulk_gate)
+
+    async def reserve_versions(self, tokens: Iterable[str]) -> None:
+        wanted = highest_per_family(tokens)
+        if not wanted:  # random tokens only: nothing to remember
+            return
+        client = await self.client()
+        if self._watermarks is None:
+            self._watermarks = highest_per_family(await bulk.read_watermarks(client, self.table, self.retry))
+        known = self._watermarks
+        if all(family in known and known[family][0] >= counter for family, (counter, _) in wanted.items()):
+            return
+        stored = await bulk.write_watermarks(client, self.table, [t for _, t in wanted.values()], self.retry)
+        self._watermarks = highest_per_family(stored)
+
+    async def version_watermarks(self) -> list[str]:
+        return await bulk.read_watermarks(await self.client(), self.table, self.retry)
 
     # -- CAS group -----------------------------------------------------------
     async def put_if_absent(self, key: str, value: bytes) -> CasResult:

@@ -1,0 +1,114 @@
+"""`fencepost backup` and `fencepost restore`.
+
+Backup: on SQLite an online snapshot (the server may keep serving), written
+out as a portable archive (archive.py); on any other backend a logical read,
+followed by a second read compared range by range with what was archived:
+when nothing changed in between, the trailer says `quiesced: true`.
+
+Restore: checks the whole archive (every chunk's sha256, the order, the
+trailer) before it touches the target, refuses a target that holds anything,
+reserves the source's version watermarks, imports, and finally compares the
+target with the archive range by range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..storage import EXPORT_PAGE, Item, StorageError
+from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
+from .progress import Progress
+from .stores import Exit, LifecycleError, count_snapshot, is_empty, open_existing, scheme_of, source
+from .verify import Comparison, RangeDigester, RangeSummary, compare, compare_ranges
+
+
+@dataclass
+class BackupReport:
+    items: int
+    chunks: int
+    consistency: str
+    quiesced: bool
+    seconds: float
+
+
+@dataclass
+class RestoreReport:
+    items: int
+    verification: Comparison
+    seconds: float
+
+
+async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO | None = None) -> BackupReport:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    snapshot_file = out.with_name(out.name + ".snapshot.db")
+    try:
+        async with source(url, snapshot_file) as src:
+            progress = Progress("backup", count_snapshot(src), stream=stream)
+            header = Header(scheme_of(url), src.consistency, await src.read.version_watermarks())
+            writer = ArchiveWriter(out, header)
+            digester = RangeDigester(page)
+            try:
+                async for items in src.read.export_items(None, page):
+                    writer.write(items)
+                    digester.add(items)
+                    progress.advance(len(items))
+                progress.finish()
+                quiesced = src.snapshot
+                if not quiesced:  # read again: did anything change while we read?
+                    again = await compare_ranges(_iterate(digester.finish()), src.live.export_items(None, page))
+                    quiesced = again.same
+                trailer = writer.finish(quiesced=quiesced)
+            except BaseException:
+                writer.abandon()
+                raise
+    except StorageError as exc:
+        raise LifecycleError(f"backup of {url} failed: {exc}") from exc
+    return BackupReport(trailer.items, trailer.chunks, src.consistency, quiesced, loop.time() - started)
+
+
+async def _iterate(summaries: list[RangeSummary]) -> AsyncIterator[RangeSummary]:
+    for summary in summaries:
+        yield summary
+
+
+async def _archive_pages(reader: ArchiveReader) -> AsyncIterator[list[Item]]:
+    for items in reader.chunks():
+        yield items
+
+
+async def restore(
+    url: str, archive: Path, *, create_table: bool = False, stream: TextIO | None = None
+) -> RestoreReport:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        reader = ArchiveReader(archive)
+        trailer = reader.verify()  # every checksum, before anything is written
+    except ArchiveError as exc:
+        raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
+    target = open_existing(url, may_create=True)
+    try:
+        if create_table and hasattr(target, "create_table"):
+            await target.create_table()
+        if not await is_empty(target):
+            raise LifecycleError(f"{url} is not empty: restore only writes into an empty store", Exit.REFUSED)
+        progress = Progress("restore", trailer.items, stream=stream)
+        await target.reserve_versions(reader.header.watermarks)
+        for items in reader.chunks():
+            await target.import_items(items)
+            progress.advance(len(items))
+        progress.finish()
+        verification = await compare(_archive_pages(reader), target.export_items())
+    except ArchiveError as exc:  # the file changed under us since it was verified
+        raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
+    except StorageError as exc:
+        raise LifecycleError(f"restore into {url} failed: {exc}") from exc
+    finally:
+        await target.close()
+    return RestoreReport(trailer.items, verification, loop.time() - started)
+

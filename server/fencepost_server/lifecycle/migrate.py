@@ -1,0 +1,203 @@
+"""`fencepost migrate --from URL --to URL`: copy every item, versions and all,
+then verify both sides range by range.
+
+- The target must be empty (or hold exactly what an interrupted run of the
+  same migration copied: its checkpoint says so).
+- The source is read from a consistent snapshot when it can take one
+  (SQLite: the snapshot is kept in the work directory, so a resumed run
+  copies from the same point in time); otherwise live (DynamoDB), which is
+  only correct when nothing writes to it: scale its servers to zero first.
+- Before any item, the source's version watermarks are reserved on the
+  target; with every item's version kept byte for byte, no version the
+  target mints later can equal one the source ever issued (no ABA).
+- Items go over in key order, a page at a time (the next page is read while
+  the previous one is written). After each page the checkpoint (work
+  directory, written atomically) records the last key copied: after a crash
+  or kill -9 the same command resumes after it; a page that was partly
+  written is written again, which leaves the same items.
+- Then the verification pass reads the *live* source and the target and
+  compares counts and digests per key range. Any difference - a server that
+  still wrote to the source after the snapshot included - exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from ..storage import EXPORT_PAGE, Item, Storage, StorageError
+from .progress import Progress
+from .stores import (
+    Exit,
+    LifecycleError,
+    Source,
+    count_snapshot,
+    is_empty,
+    open_existing,
+    remove_sqlite_files,
+    source,
+)
+from .verify import Comparison, compare
+
+DEFAULT_WORK_ROOT = Path(".fencepost-migrate")
+
+
+@dataclass
+class Checkpoint:
+    source: str
+    target: str
+    phase: str = "copy"  # copy -> verify -> done
+    last_key: str | None = None
+    copied: int = 0
+    path: Path = field(default=Path(), repr=False)
+
+    @classmethod
+    def load(cls, path: Path, source_url: str, target_url: str) -> Checkpoint | None:
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        if raw.get("source") != source_url or raw.get("target") != target_url:
+            raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}",
+                                 Exit.REFUSED)
+        return cls(raw["source"], raw["target"], raw["phase"], raw.get("last_key"), int(raw["copied"]), path)
+
+    def save(self) -> None:
+        data = {k: v for k, v in asdict(self).items() if k != "path"}
+        partial = self.path.with_name(self.path.name + ".partial")
+        with partial.open("w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        partial.replace(self.path)
+
+
+@dataclass
+class MigrationReport:
+    resumed_after: int
+    copied: int
+    copy_seconds: float
+    verification: Comparison
+    verify_seconds: float
+    consistency: str
+    #: an earlier run had finished: this run only verified again
+    already_done: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.copied / self.copy_seconds if self.copy_seconds > 0 else 0.0
+
+
+def work_dir_for(source_url: str, target_url: str, root: Path = DEFAULT_WORK_ROOT) -> Path:
+    return root / hashlib.sha256(f"{source_url}\n{target_url}".encode()).hexdigest()[:16]
+
+
+#: pages being written at once: the next page starts while the last requests
+#: of the previous one finish, so the target never idles at a page boundary
+PAGES_IN_FLIGHT = 2
+
+
+async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress) -> None:
+    pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
+
+    async def read() -> None:
+        async for items in src.export_items(checkpoint.last_key, page):
+            await pages.put(items)
+        await pages.put(None)
+
+    async def settle_oldest() -> None:
+        # The checkpoint only moves past a page once it and every page before
+        # it are written; a later page that landed first is written again on
+        # resume, which leaves the same items.
+        task, items = writing.popleft()
+        await task
+        checkpoint.last_key = items[-1].key
+        checkpoint.copied += len(items)
+        checkpoint.save()
+        progress.advance(len(items))
+
+    writing: collections.deque[tuple[asyncio.Task[None], list[Item]]] = collections.deque()
+    reader = asyncio.create_task(read())
+    try:
+        while (items := await pages.get()) is not None:
+            writing.append((asyncio.create_task(target.import_items(items)), items))
+            if len(writing) >= PAGES_IN_FLIGHT:
+                await settle_oldest()
+        while writing:
+            await settle_oldest()
+        await reader
+    finally:
+        for task in [reader, *(t for t, _ in writing)]:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StorageError):
+                await task
+
+
+async def migrate(
+    source_url: str,
+    target_url: str,
+    *,
+    work_dir: Path | None = None,
+    page: int = EXPORT_PAGE,
+    create_table: bool = False,
+    stream: TextIO | None = None,
+) -> MigrationReport:
+    if source_url == target_url:
+        raise LifecycleError("--from and --to name the same store", Exit.USAGE)
+    work = work_dir or work_dir_for(source_url, target_url)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint_file = work / "checkpoint.json"
+    checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
+    loop = asyncio.get_running_loop()
+    target = open_existing(target_url, may_create=True)
+    try:
+        if create_table and hasattr(target, "create_table"):
+            await target.create_table()
+        if checkpoint is None:
+            if not await is_empty(target):
+                raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store "
+                                     "(or resumes its own interrupted run)", Exit.REFUSED)
+            checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
+            checkpoint.save()
+        resumed_after = checkpoint.copied
+        already_done = checkpoint.phase == "done"
+        async with source(source_url, work / "source-snapshot.db", reuse=resumed_after > 0 or
+                          checkpoint.phase != "copy", keep=True) as src:
+            started = loop.time()
+            if checkpoint.phase == "copy":
+                await _copy_phase(src, target, checkpoint, page, stream)
+            copy_seconds = loop.time() - started
+            started = loop.time()
+            verification = await compare(src.live.export_items(None, page), target.export_items(None, page))
+            verify_seconds = loop.time() - started
+            if verification.same:
+                checkpoint.phase = "done"
+                checkpoint.save()
+        if verification.same and src.snapshot_file is not None:
+            remove_sqlite_files(src.snapshot_file)  # kept until now for a resumed run
+    except StorageError as exc:
+        raise LifecycleError(f"migration {source_url} -> {target_url} failed: {exc} "
+                             "(run the same command again to resume)") from exc
+    finally:
+        await target.close()
+    copied = checkpoint.copied - resumed_after
+    return MigrationReport(resumed_after, copied, copy_seconds, verification, verify_seconds, src.consistency,
+                           already_done)
+
+
+async def _copy_phase(src: Source, target: Storage, checkpoint: Checkpoint, page: int, stream: TextIO | None) -> None:
+    total = count_snapshot(src)
+    progress = Progress("migrate", total, stream=stream)
+    progress.resume(checkpoint.copied)
+    await target.reserve_versions(await src.read.version_watermarks())
+    await _copy(src.read, target, checkpoint, page, progress)
+    progress.finish()
+    checkpoint.phase = "verify"
+    checkpoint.save()

@@ -1,0 +1,122 @@
+"""Opening the stores the operator commands read and write.
+
+A source that can take an online point-in-time snapshot (the SQLite
+backend: `SqliteStorage.snapshot`, sqlite3's backup API) is read from a
+snapshot, so a server may keep serving it while a backup runs and a copy
+never sees half of a transaction. Any other source (DynamoDB) is read live,
+a *logical* read; the commands then check afterwards whether it changed
+while they read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ..storage import Storage, open_backend
+
+
+class Exit(enum.IntEnum):
+    """Exit codes of backup / restore / migrate (docs/lifecycle.md)."""
+
+    OK = 0
+    FAILED = 1  # a backend failed or refused a call
+    USAGE = 2
+    REFUSED = 3  # a non-empty target, a checkpoint of another migration
+    CORRUPT = 4  # the archive fails its checksums or is incomplete
+    DIFFERENT = 5  # the verification pass found differences
+
+
+class LifecycleError(Exception):
+    def __init__(self, message: str, code: Exit = Exit.FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def scheme_of(url: str) -> str:
+    return urlsplit(url).scheme
+
+
+def open_existing(url: str, *, may_create: bool = False) -> Storage:
+    """The backend at `url`. Unless `may_create`, a SQLite file that does not
+    exist is refused (opening it would create an empty store and back *that* up)."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite" and not may_create:
+        path = unquote(parts.netloc + parts.path)
+        if path and path != ":memory:" and not Path(path).exists():
+            raise LifecycleError(f"no SQLite file at {path}", Exit.USAGE)
+    try:
+        return open_backend(url)
+    except ValueError as exc:
+        raise LifecycleError(str(exc), Exit.USAGE) from exc
+
+
+async def is_empty(storage: Storage) -> bool:
+    async for page in storage.export_items(None, 1):
+        if page:
+            return False
+    return True
+
+
+@dataclass
+class Source:
+    live: Storage
+    #: what to copy from: `live` itself, or a snapshot of it
+    read: Storage
+    consistency: str  # "snapshot" | "logical"
+    snapshot_file: Path | None = None
+
+    @property
+    def snapshot(self) -> bool:
+        return self.consistency == "snapshot"
+
+
+def remove_sqlite_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bool = False) -> AsyncIterator[Source]:
+    """The source at `url`, with a snapshot at `snapshot_file` when it can take
+    one (an existing snapshot file is reused with `reuse`, kept with `keep`)."""
+    live = open_existing(url)
+    try:
+        take = getattr(live, "snapshot", None)
+        if take is None:
+            yield Source(live, live, "logical")
+            return
+        from ..storage.sqlite import SqliteStorage
+
+        if not (reuse and snapshot_file.exists()):
+            partial = snapshot_file.with_name(snapshot_file.name + ".partial")
+            remove_sqlite_files(partial)
+            snapshot_file.parent.mkdir(parents=True, exist_ok=True)
+            await take(partial)
+            partial.replace(snapshot_file)
+        copy = SqliteStorage(snapshot_file)
+        try:
+            yield Source(live, copy, "snapshot", snapshot_file)
+        finally:
+            await copy.close()
+            if not keep:
+                remove_sqlite_files(snapshot_file)
+    finally:
+        await live.close()
+
+
+def count_snapshot(src: Source) -> int | None:
+    """Items in a snapshot (a cheap COUNT on the file), for the progress bar."""
+    if src.snapshot_file is None:
+        return None
+    import sqlite3
+
+    conn = sqlite3.connect(str(src.snapshot_file))  # our own copy: nobody else writes it
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM kv").fetchone()[0])
+    finally:
+        conn.close()
