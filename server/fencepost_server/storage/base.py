@@ -171,10 +171,11 @@ def version_family(token: str) -> tuple[str, int] | None:
     """(family, counter) of a counter-shaped version token, else None.
 
     A counter token is `[epoch-]` followed by lowercase hex digits of a fixed
-    width: the SQLite backend's `%016x`, the memory backend's
-    `{epoch}-%012x`. Tokens of one family (same epoch prefix, same width)
-    order by their counter. Random tokens (DynamoDB's 128 bits: 32 digits)
-    are not counters and belong to no family."""
+    width: what older SQLite (`%016x`) and memory (`{epoch}-%012x`) backends
+    minted, and what an archive of theirs still carries. Tokens of one family
+    (same epoch prefix, same width) order by their counter. Random tokens
+    (`new_version`'s 128 bits: 32 digits, minted by every backend now) are
+    not counters and belong to no family."""
     head, _, digits = token.rpartition("-")
     if not digits or len(digits) > 16 or digits.strip("0123456789abcdef"):
         return None
