@@ -70,12 +70,14 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def subprocess_server(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[None]:
+def subprocess_server(
+    args: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, **(env or {})})
     try:
         wait_port(port)
-        yield
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -84,7 +86,9 @@ def subprocess_server(args: list[str], port: int, env: dict[str, str] | None = N
             proc.kill()
 
 
-def fencepost_server(port: int, backend: str, *extra: str) -> contextlib.AbstractContextManager[None]:
+def fencepost_server(
+    port: int, backend: str, *extra: str
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     return subprocess_server(
         ["-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", "--backend", backend,
          "--log-level", "WARNING", *extra],

@@ -222,7 +222,10 @@ class LedgerServiceServicer:
         """ListSessions returns an agent's sessions, newest activity first, stopping
         at whichever restore cap binds first (max_sessions, max_age,
         max_total_bytes), one page at a time (AIP-158; the caps apply to the
-        whole listing, across pages).
+        whole listing, across pages). A listing is a snapshot taken at its first
+        page: a session that commits between pages is listed once, as it was
+        then; a session created after the first page is not listed. A page may
+        hold fewer sessions than page_size (even none) with a next_page_token.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
         Roles: service and operator.
@@ -295,8 +298,11 @@ class LedgerServiceServicer:
         SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
         log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
         `inbox_ids`: nothing was written; list the inbox again);
-        INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-        4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
+        95 records + consumed ids + commit_id together, or 4 MiB; split the
+        commit), RECORD_TOO_LARGE (a record over 256 KiB);
+        ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+        write, from concurrent empty commits; retry with the same commit_id);
         SESSION_NOT_FOUND; the common ones.
         Roles: service and operator.
         """

@@ -4,7 +4,9 @@ storage contract only, so it runs on every backend.
 
     layout    key layout + canonical encodings of the fence items
     core      configuration, caches, shared errors and views
-    sessions  open / resolve / get / restore listing
+    sessions  open / resolve / get, log sizes
+    activity  act/ items and the activity index (what commits write for ListSessions)
+    listing   ListSessions from the activity index
     fork      forks and fork-aware log reads
     leases    acquire / renew / release
     commits   fenced, idempotent commits

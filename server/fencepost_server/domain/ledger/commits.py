@@ -5,13 +5,17 @@
     put    log/{E+1..E+n}         if absent
     delete in/{id} ...            if present           (the inbox drain)
     put    cm/{sha(commit_id)}    if absent            (idempotency)
-    put    act/{sid}                                   (restore listing)
+    put    act/{sid}              if act == the value it replaces
+    put    ix/{now}/{sid}, ix/{previous}/{sid} (superseded)   (restore listing, activity.py)
 
-That is at most 1 + 1 + 64 + 32 + 1 + 1 = 100 operations, the transaction
-limit. The pending count the response carries comes back with the same
+That is 2 + records + consumed + 1 + 3 operations; the transaction limit
+(100) leaves room for 94 records and consumed ids together (each at most
+64 / 32). The pending count the response carries comes back with the same
 backend call (`CountKeys`; on DynamoDB a keys-only Query sent alongside).
-Nothing is read before the write; only when it fails is anything read, to
-say why.
+Nothing is read before the write (the replaced act/ value is the one this
+process wrote last; a process that has not seen the session reads it once);
+only when the write fails is anything read, to say why. A write that failed
+only because the remembered act/ value was stale is retried from a fresh read.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, CountKeys, Delete, Expect, Put, Write
+from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
-from .core import MAX_CONSUMED, MAX_RECORDS, LedgerBase, bad
+from .activity import ACTIVITY_OPS, ActivityMethods
+from .core import MAX_CONSUMED, MAX_RECORDS, bad, contended
 from .layout import check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
 
 
@@ -50,7 +55,15 @@ def _fingerprint(expected_seq: int, records: Sequence[bytes], consume: Sequence[
     return h.hexdigest()
 
 
-class CommitMethods(LedgerBase):
+#: Records, consumed ids and the commit marker together: what the
+#: transaction limit leaves after the fence check, the head and the activity.
+MAX_RECORDS_AND_CONSUMED = MAX_TXN_OPS - 2 - ACTIVITY_OPS
+
+#: A commit whose remembered act/ value went stale is retried this often.
+_ATTEMPTS = 3
+
+
+class CommitMethods(ActivityMethods):
     async def commit(
         self,
         tenant: str,
@@ -84,6 +97,16 @@ class CommitMethods(LedgerBase):
         if len(commit_id) > 256:
             raise bad("commit_id", "commit_id is longer than 256 characters")
 
+        with_id = 1 if commit_id else 0
+        if len(records) + len(consume) + with_id > MAX_RECORDS_AND_CONSUMED:
+            raise InvalidArgument(
+                reasons.COMMIT_TOO_LARGE,
+                f"a commit holds at most {MAX_RECORDS_AND_CONSUMED - with_id} records and consumed ids "
+                f"together (got {len(records)} + {len(consume)})",
+                {"records": len(records), "consumed": len(consume),
+                 "max_records_and_consumed": MAX_RECORDS_AND_CONSUMED - with_id},
+            )
+
         sk = self.keys(tenant, sid)
         new_seq = expected_seq + len(records)
         fp = _fingerprint(expected_seq, records, consume)
@@ -97,23 +120,40 @@ class CommitMethods(LedgerBase):
             # "t": when, so retention can sweep markers past their window (docs/lifecycle.md)
             marker = dumps({"s": new_seq, "f": fp, "t": int(self.clock())})
             writes.append(Put(sk.commit_key(commit_id), marker, Expect(exists=False)))
-        writes.append(Put(sk.act, dumps({"t": self.clock(), "s": new_seq})))
-        size = sum(len(op.key.encode()) for op in (*checks, *writes))
-        size += sum(len(w.value) for w in writes if isinstance(w, Put))
-        if size > self.limits.max_txn_bytes:
-            raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
-                              field="records")
+        added = sum(len(r) for r in records)
+        for _attempt in range(_ATTEMPTS):
+            prior = await self.prior_activity(tenant, sk, expected_seq)
+            if prior is None:  # the session is gone: the write fails and _why says how
+                ops, new_act, conds = writes, None, [*checks, Check(sk.act, Expect(exists=True))]
+            else:
+                room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
+                activity, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
+                ops, conds = [*writes, *activity], checks
+            size = sum(len(op.key.encode()) for op in (*conds, *ops))
+            size += sum(len(w.value) for w in ops if isinstance(w, Put))
+            if size > self.limits.max_txn_bytes:
+                raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
+                                  field="records")
 
-        # One backend call: the pending count comes back with the write.
-        res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, PENDING_COUNT_CAP))
-        if res.applied:
-            self.notify_commit(sid)
-            pending = res.count if res.count is not None else await self.pending_after_write(sk, PENDING_COUNT_CAP)
-            return CommitResult(new_seq, pending)
-        why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
-        if isinstance(why, CommitReplay):
-            return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)
-        raise why
+            # One backend call: the pending count comes back with the write.
+            try:
+                res = await self.storage.transact(conds, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
+            except StorageError:
+                self.remember_activity(sk, None)  # the outcome is unknown: re-read next time
+                raise
+            if res.applied:
+                self.remember_activity(sk, new_act)
+                self.notify_commit(sid)
+                pending = res.count if res.count is not None else await self.pending_after_write(
+                    sk, PENDING_COUNT_CAP)
+                return CommitResult(new_seq, pending)
+            self.remember_activity(sk, None)
+            why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
+            if isinstance(why, CommitReplay):
+                return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)
+            if why is not None:
+                raise why
+        raise contended("the commit")
 
     def notify_commit(self, sid: str) -> None:
         """Hook for watchers (nothing to do today)."""
@@ -121,9 +161,10 @@ class CommitMethods(LedgerBase):
     async def _why(
         self, sk, sid: str, generation: int, expected_seq: int, consume: Sequence[str],  # type: ignore[no-untyped-def]
         commit_id: str, fp: str,
-    ) -> Exception | CommitReplay:
+    ) -> Exception | CommitReplay | None:
         """Why a commit did not apply: read the facts in precedence order
-        (a replay of an applied commit wins over everything)."""
+        (a replay of an applied commit wins over everything). None: only the
+        remembered act/ value was stale (the caller re-reads and retries)."""
         if commit_id:
             marker = await self.storage.get(sk.commit_key(commit_id))
             if marker is not None:
@@ -148,6 +189,8 @@ class CommitMethods(LedgerBase):
         for cid in consume:
             if await self.storage.get(sk.inbox_key(cid)) is None:
                 gone.append(cid)
+        if not gone:
+            return None
         return FailedPrecondition(
             reasons.INBOX_ENTRY_GONE,
             f"inbox entries {gone} are not pending; nothing was written",

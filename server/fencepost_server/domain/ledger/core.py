@@ -34,7 +34,11 @@ class LedgerConfig:
     janitor_interval: float = 5.0
     orphan_grace: float = 10.0
     watch_poll: float = 1.0  # WatchInbox re-list period (deliveries through other replicas)
-    cache_size: int = 10_000  # lease items and identities remembered per process
+    cache_size: int = 10_000  # lease items, identities and act/ items remembered per process
+    #: ListSessions is exact for a listing whose pages are read within this
+    #: many seconds of its first page; superseded index entries older than
+    #: this are deleted (by the next commit of the session, or by a listing).
+    listing_horizon: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +131,8 @@ class LedgerBase:
         self.draining = False
         self._leases = _Lru(self.config.cache_size)  # lease key -> Item last seen / written
         self._identities = _Lru(self.config.cache_size)  # identity key -> session id (immutable)
+        self._acts = _Lru(self.config.cache_size)  # act/ key -> the act/ value last seen / written
+        self._indexed = _Lru(self.config.cache_size)  # agent roots whose activity index is complete
         self._watchers: dict[str, set[asyncio.Event]] = {}
 
     def drain(self) -> None:

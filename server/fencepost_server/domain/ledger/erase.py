@@ -116,7 +116,7 @@ class EraseMethods(SessionMethods):
                 Delete(identity_key(sk.tenant, sk.agent, meta.key), Expect(value=sk.sid.encode())),
                 Put(sk.erase, dumps({"tenant": sk.tenant, "parent": meta.parent, "t": self.clock()})),
             ]
-            writes += [Delete(k) for k in await self.listing_keys(sk)]
+            writes += await self.listing_deletes(sk)
             if force:
                 writes.append(Delete(sk.pending))
             elif pending_i is None:

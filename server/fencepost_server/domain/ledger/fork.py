@@ -15,19 +15,23 @@ from fencepost import reasons
 
 from ...storage import Check, Expect, Put
 from ..errors import NotFound
+from .activity import Activity
 from .core import SessionView, bad
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
-from .sessions import AlreadyExists, SessionMethods, check_name
+from .listing import ListingMethods
+from .sessions import AlreadyExists, check_name
 
 Page = list[tuple[int, bytes]]
 
 
-class ForkMethods(SessionMethods):
+class ForkMethods(ListingMethods):
     async def fork(self, tenant: str, parent_sid: str, at_seq: int, child_key: str) -> SessionView:
         """A child whose log is the parent's 1..at_seq (shared) then its own."""
         check_name(child_key, "child_session_key")
         parent = self.keys(tenant, parent_sid)
-        meta_i, head_i = await asyncio.gather(self.storage.get(parent.meta), self.storage.get(parent.head))
+        meta_i, head_i, act_i = await asyncio.gather(
+            self.storage.get(parent.meta), self.storage.get(parent.head), self.storage.get(parent.act),
+        )
         if meta_i is None or head_i is None:
             raise session_not_found(parent_sid)
         head = parse_seq(head_i.value)
@@ -40,15 +44,17 @@ class ForkMethods(SessionMethods):
             sid = new_session_id(agent)
             sk = SessionKeys(tenant, sid, agent)
             meta = Meta(sid, agent, child_key, self.clock(), parent_sid, at_seq, {})
+            # The child's log bytes are the parent's at at_seq: known when the fork is at the head.
+            parent_act = Activity.decode(act_i.value) if act_i is not None else None
+            size = parent_act.size if parent_act is not None and parent_act.seq == at_seq else None
+            created, act = self._create_writes(sk, meta, idkey, at_seq, size)
             # the parent must still exist (a DeleteSession tombstone removes its head),
             # and its forks marker moves, so a delete deciding meanwhile sees this fork
-            writes = [
-                *self._create_writes(sk, meta, idkey, at_seq),
-                Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b""),
-            ]
+            writes = [*created, Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b"")]
             res = await self.storage.transact([Check(parent.head, Expect(exists=True))], writes)
             if res.applied:
                 self._identities.put(idkey, sid)
+                self.remember_activity(sk, act)
                 return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
             if 0 in res.failed:
                 raise session_not_found(parent_sid)

@@ -149,7 +149,8 @@ class InboxMethods(SessionMethods, LeaseMethods):
         )
         if head is None:
             raise session_not_found(sid)
-        events = [await self._event(sk, it) for it in items[:limit]]
+        # Payloads over the inline limit are one get each: read side by side.
+        events = list(await asyncio.gather(*(self._event(sk, it) for it in items[:limit])))
         nxt = await self.pages.issue(tenant, listing, events[-1].inbox_id) if len(items) > limit else ""
         return events, nxt
 

@@ -3,7 +3,9 @@
 Per session (`{A}` = `{tenant}/sys/agentkit/v1/{agent}/durable-session/`):
 
     {A}id/{encoded session_key}     identity: the session id (put-if-absent)
-    {A}act/{sid}                    last activity {t, s} (ListSessions scans this prefix)
+    {A}act/{sid}                    current activity {t, u, s, b, k, p} (see activity.py)
+    {A}ix/{17-digit inverted µs}/{sid}  activity index: ListSessions reads it newest first
+    {A}ix-ready                     the agent's legacy act/ items have index entries
     {A}s/{sid}/meta                 immutable: key, agent, created, fork parent, seed_length
     {A}s/{sid}/gen                  FENCE: canonical generation + held/released flag
     {A}s/{sid}/lease                lease record {holder, gen, expires, released}
@@ -107,7 +109,7 @@ class SessionKeys:
 
     __slots__ = (
         "tenant", "sid", "agent", "root", "base", "meta", "gen", "lease", "head", "size", "act",
-        "log", "inbox", "dedupe", "commits", "pending", "blobs", "forks", "fork_entries", "erase",
+        "index", "log", "inbox", "dedupe", "commits", "pending", "blobs", "forks", "fork_entries", "erase",
     )
 
     def __init__(self, tenant: str, sid: str, agent: str | None = None) -> None:
@@ -127,10 +129,23 @@ class SessionKeys:
         self.forks = self.base + "forks"
         self.fork_entries = self.base + "fk/"
         self.act = f"{self.root}act/{sid}"
+        self.index = index_prefix(self.root)
         shard = f"{shard_of(sid):02x}"
         self.pending = f"{PENDING_PREFIX}{shard}/{encode_segment(tenant)}/{sid}"
         self.blobs = f"{BLOB_PREFIX}{shard}/{encode_segment(tenant)}/{sid}/"
         self.erase = f"{ERASE_PREFIX}{shard}/{encode_segment(tenant)}/{sid}"
+
+    def index_key(self, micros: int) -> str:
+        """The session's activity-index entry for activity at `micros`."""
+        return index_key(self.index, micros, self.sid)
+
+    def listing_keys(self, act_value: bytes) -> list[str]:
+        """Every activity-index entry of the session, derived from its act/
+        item: the current one and the superseded ones still kept. Deleting
+        the session's listing entries = deleting these keys (and act/)."""
+        d = json.loads(act_value)
+        current = activity_micros(d)
+        return [self.index_key(u) for u in (*d.get("p", ()), current)]
 
     def log_key(self, seq: int) -> str:
         return f"{self.log}{seq:020d}"
@@ -153,6 +168,41 @@ class SessionKeys:
 
 def agent_root(tenant: str, agent: str) -> str:
     return TenantKeys(tenant).agent(agent) + "durable-session/"
+
+
+#: Index keys hold INDEX_TOP - micros, fixed width, so key order is newest first.
+INDEX_DIGITS = 17
+INDEX_TOP = 10**INDEX_DIGITS - 1
+
+
+def index_prefix(root: str) -> str:
+    return root + "ix/"
+
+
+def index_ready_key(root: str) -> str:
+    return root + "ix-ready"
+
+
+def index_key(prefix: str, micros: int, sid: str) -> str:
+    return f"{prefix}{INDEX_TOP - micros:0{INDEX_DIGITS}d}/{sid}"
+
+
+def index_start(prefix: str, micros: int) -> str:
+    """The `start_after` that lists entries at or before `micros` (newest first)."""
+    return f"{prefix}{INDEX_TOP - micros:0{INDEX_DIGITS}d}"
+
+
+def parse_index_key(prefix: str, key: str) -> tuple[int, str]:
+    """(micros, session id) of an index entry key."""
+    inverted, sid = key[len(prefix):].split("/", 1)
+    return INDEX_TOP - int(inverted), sid
+
+
+def activity_micros(act: dict[str, object]) -> int:
+    """An act/ item's activity in µs; items written before the index carry
+    only float seconds `t`, rounded the same way wherever it is needed."""
+    u = act.get("u")
+    return int(u) if u is not None else round(float(act["t"]) * 1e6)  # type: ignore[arg-type]
 
 
 def identity_key(tenant: str, agent: str, session_key: str) -> str:

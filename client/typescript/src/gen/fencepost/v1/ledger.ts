@@ -4611,7 +4611,10 @@ export const LedgerServiceService = {
    * ListSessions returns an agent's sessions, newest activity first, stopping
    * at whichever restore cap binds first (max_sessions, max_age,
    * max_total_bytes), one page at a time (AIP-158; the caps apply to the
-   * whole listing, across pages).
+   * whole listing, across pages). A listing is a snapshot taken at its first
+   * page: a session that commits between pages is listed once, as it was
+   * then; a session created after the first page is not listed. A page may
+   * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
    * Roles: service and operator.
@@ -4712,8 +4715,11 @@ export const LedgerServiceService = {
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-   * 4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
+   * 95 records + consumed ids + commit_id together, or 4 MiB; split the
+   * commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+   * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
    * Roles: service and operator.
    */
@@ -4870,7 +4876,10 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * ListSessions returns an agent's sessions, newest activity first, stopping
    * at whichever restore cap binds first (max_sessions, max_age,
    * max_total_bytes), one page at a time (AIP-158; the caps apply to the
-   * whole listing, across pages).
+   * whole listing, across pages). A listing is a snapshot taken at its first
+   * page: a session that commits between pages is listed once, as it was
+   * then; a session created after the first page is not listed. A page may
+   * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
    * Roles: service and operator.
@@ -4928,8 +4937,11 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-   * 4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
+   * 95 records + consumed ids + commit_id together, or 4 MiB; split the
+   * commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+   * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
    * Roles: service and operator.
    */
@@ -5071,7 +5083,10 @@ export interface LedgerServiceClient extends Client {
    * ListSessions returns an agent's sessions, newest activity first, stopping
    * at whichever restore cap binds first (max_sessions, max_age,
    * max_total_bytes), one page at a time (AIP-158; the caps apply to the
-   * whole listing, across pages).
+   * whole listing, across pages). A listing is a snapshot taken at its first
+   * page: a session that commits between pages is listed once, as it was
+   * then; a session created after the first page is not listed. A page may
+   * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
    * Roles: service and operator.
@@ -5196,8 +5211,11 @@ export interface LedgerServiceClient extends Client {
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids or
-   * 4 MiB; split the commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
+   * 95 records + consumed ids + commit_id together, or 4 MiB; split the
+   * commit), RECORD_TOO_LARGE (a record over 256 KiB);
+   * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
+   * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
    * Roles: service and operator.
    */

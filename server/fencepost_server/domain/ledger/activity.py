@@ -1,0 +1,154 @@
+"""A session's activity: its act/ item and its entries in the agent's
+activity index, which ListSessions reads newest first (listing.py).
+
+    {A}act/{sid}                  {t, u, s, b, k, p}: the current activity (µs `u`,
+                                  float seconds `t`), seq, log bytes, session key,
+                                  and the superseded index entries still kept (`p`)
+    {A}ix/{TOP - u:017d}/{sid}    {s, b, k, n}: one activity; `n` = when it was superseded
+
+Every write that changes a session's activity (open, fork, commit) writes,
+in its one transaction and without reading first:
+
+    put act/{sid} := new            if act/{sid} == the value it replaces
+    put ix/{new u}/{sid}            the new entry
+    put ix/{old u}/{sid} with n     the entry it supersedes, marked superseded at new u
+    delete ix/{...}/{sid}           superseded entries older than the listing horizon
+
+The new value is computed from the old one, which the process remembers from
+its own last write (or, on a cache miss, reads once): sizes add up (`b`),
+activity only moves forward (`u = max(now, old u + 1)`, so two commits of one
+session can never be ordered differently by their timestamps than by their
+seq), and the condition on the old act/ value makes a stale memory fail the
+write instead of corrupting the index (the commit then re-reads and retries).
+
+A listing that started at T0 sees each session at exactly one entry: the one
+with `u < T0 <= n` (n absent = current). Superseded entries are kept for the
+listing horizon so that a listing in progress still finds a session that
+moved after its first page.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from ...storage import Delete, Expect, Put, Write
+from ..errors import NotFound
+from .core import LedgerBase
+from .layout import Meta, SessionKeys, activity_micros, dumps
+
+#: Session keys longer than this stay out of the index (the listing reads meta).
+KEY_IN_INDEX_BYTES = 1024
+#: At most this many superseded entries are kept per session; older ones are
+#: deleted even inside the horizon (a session committing faster than this).
+#: DeleteSession's one tombstone transaction deletes them all, so it must fit.
+MAX_KEPT = 64
+#: Operations an activity change adds to a transaction (act, new entry, old entry).
+ACTIVITY_OPS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    micros: int
+    seq: int
+    size: int | None  # None: not known yet (written before the index, or a fork)
+    key: str | None  # None: not known yet, or too long to index
+    kept: tuple[int, ...] = ()  # µs of superseded entries still in the index, oldest first
+
+    @staticmethod
+    def decode(value: bytes) -> Activity:
+        d = json.loads(value)
+        size = d.get("b")
+        return Activity(
+            activity_micros(d), int(d["s"]), None if size is None else int(size), d.get("k"),
+            tuple(int(u) for u in d.get("p", ())),
+        )
+
+    def act_value(self) -> bytes:
+        d: dict[str, object] = {"t": self.micros / 1e6, "u": self.micros, "s": self.seq}
+        if self.size is not None:
+            d["b"] = self.size
+        if self.key is not None:
+            d["k"] = self.key
+        if self.kept:
+            d["p"] = list(self.kept)
+        return dumps(d)
+
+    def entry_value(self, superseded_at: int | None = None) -> bytes:
+        d: dict[str, object] = {"s": self.seq}
+        if self.size is not None:
+            d["b"] = self.size
+        if self.key is not None:
+            d["k"] = self.key
+        if superseded_at is not None:
+            d["n"] = superseded_at
+        return dumps(d)
+
+
+def indexed_key(session_key: str) -> str | None:
+    return session_key if len(session_key.encode()) <= KEY_IN_INDEX_BYTES else None
+
+
+def creation_writes(sk: SessionKeys, act: Activity) -> list[Write]:
+    """A new session's act/ item and its first index entry."""
+    return [Put(sk.act, act.act_value()), Put(sk.index_key(act.micros), act.entry_value())]
+
+
+class ActivityMethods(LedgerBase):
+    def remember_activity(self, sk: SessionKeys, value: bytes | None) -> None:
+        if value is None:
+            self._acts.drop(sk.act)
+        else:
+            self._acts.put(sk.act, value)
+
+    async def prior_activity(
+        self, tenant: str, sk: SessionKeys, expected_seq: int
+    ) -> tuple[bytes, Activity] | None:
+        """The act/ value a write at `expected_seq` replaces: remembered, or
+        read once (None: there is none, the session is gone). Legacy items (no
+        size or key yet) are completed here, once."""
+        value = self._acts.get(sk.act)
+        act = Activity.decode(value) if isinstance(value, bytes) else None
+        if act is None or act.seq != expected_seq:
+            item = await self.storage.get(sk.act)
+            if item is None:
+                return None
+            value, act = item.value, Activity.decode(item.value)
+            self.remember_activity(sk, value)
+        assert isinstance(value, bytes) and act is not None
+        if act.size is None:
+            try:
+                size = await self.session_bytes(tenant, sk.sid, act.seq)  # type: ignore[attr-defined]
+            except NotFound:
+                return None
+            act = replace(act, size=size)
+        if act.key is None:
+            meta = await self.storage.get(sk.meta)
+            if meta is None:
+                return None
+            act = replace(act, key=indexed_key(Meta.decode(meta.value).key))
+        return value, act
+
+    def advance_writes(
+        self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int, room: int
+    ) -> tuple[list[Write], bytes]:
+        """The writes that move the session's activity to now (see the module
+        docstring), deleting at most `room` expired entries; and the new act/ value."""
+        now = int(self.clock() * 1e6)
+        micros = max(now, old.micros + 1)
+        horizon = now - int(self.config.listing_horizon * 1e6)
+        kept = [*old.kept, old.micros]
+        successors = kept[1:] + [micros]
+        expired = {u for u, n in zip(kept, successors, strict=True) if n <= horizon}
+        overflow = set(kept[: max(0, len(kept) - MAX_KEPT)])
+        dropped = [u for u in kept if u in expired or u in overflow][:room]
+        new = Activity(micros, seq, (old.size or 0) + added_bytes, old.key,
+                       tuple(u for u in kept if u not in dropped))
+        writes: list[Write] = [
+            Put(sk.act, new.act_value(), Expect(value=old_value)),
+            Put(sk.index_key(micros), new.entry_value()),
+        ]
+        if old.micros not in dropped:
+            writes.append(Put(sk.index_key(old.micros), old.entry_value(micros)))
+        writes += [Delete(sk.index_key(u)) for u in dropped]
+        return writes, new.act_value()
