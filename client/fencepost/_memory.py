@@ -8,7 +8,7 @@ applies once.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -28,7 +28,7 @@ STRATEGIES = {"recency": pb.MEMORY_STRATEGY_RECENCY, "relevance": pb.MEMORY_STRA
 
 
 def _rid(request_id: str | None) -> str:
-    return request_id if request_id is not None else uuid.uuid4().hex
+    return request_id if request_id is not None else os.urandom(16).hex()
 
 
 def _timestamp(when: datetime) -> timestamp_pb2.Timestamp:

@@ -263,7 +263,7 @@ class App:
         opts = [
             ("grpc.max_receive_message_length", self.settings.max_receive_bytes),
             ("grpc.max_send_message_length", self.settings.max_receive_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
         ]
         recorder = recorder_from_env()  # set by the test suite only (see api/recording.py)
         server = grpc.aio.server(options=opts, interceptors=[recorder] if recorder else None)

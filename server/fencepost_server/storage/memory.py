@@ -67,8 +67,11 @@ class MemoryStorage(Storage):
         if start_after is not None and start_after >= prefix:
             lo = bisect.bisect_right(self._keys, start_after)
         out: list[str] = []
-        for key in itertools.islice(self._keys, lo, None):
-            if not key.startswith(prefix) or len(out) >= limit:
+        keys = self._keys
+        # by index: islice would step through the `lo` keys before the prefix
+        for i in range(lo, min(len(keys), lo + limit)):
+            key = keys[i]
+            if not key.startswith(prefix):
                 break
             out.append(key)
         return out

@@ -16,7 +16,7 @@ from ...storage import Item, Storage, StorageError
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
 from ..paging import PageTokens
-from .layout import LeaseState, Meta, SessionKeys, session_not_found
+from .layout import LeaseState, Meta, SessionKeys, session_keys, session_not_found
 
 log = logging.getLogger("fencepost.ledger")
 
@@ -144,7 +144,7 @@ class LedgerBase:
 
     # -- helpers --------------------------------------------------------------------
     def keys(self, tenant: str, sid: str) -> SessionKeys:
-        return SessionKeys(tenant, sid)
+        return session_keys(tenant, sid)
 
     def ttl(self, ttl: float | None) -> float:
         """The lease time to live to grant: unset (0) is the default, negative is refused."""
