@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    EXPORT_PAGE,
     CountKeys,
     Delete,
     Item,
@@ -502,6 +503,32 @@ class SqliteStorage(Storage):
             f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
     # -- operator tools ----------------------------------------------------
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        """As every backend, plus the request-id markers kept with their item:
+        each is exported as the row it becomes when its item changes (its own
+        key, version `m` + the item's), so an import anywhere keeps it."""
+        after = (start_after or "").encode()
+        while True:
+            def read(conn: sqlite3.Connection, after: bytes = after) -> list[tuple[bytes, bytes, str]]:
+                rows = conn.execute(
+                    "SELECT key, value, version FROM kv WHERE key > ? ORDER BY key LIMIT ?", (after, page)
+                ).fetchall()
+                rows += conn.execute(
+                    "SELECT marker_key, marker_value, 'm' || version FROM kv "
+                    "WHERE marker_key IS NOT NULL AND marker_key > ? ORDER BY marker_key LIMIT ?", (after, page)
+                ).fetchall()
+                return rows
+
+            merged: dict[bytes, tuple[bytes, str]] = {}
+            for key, value, version in await self._read(read):
+                merged.setdefault(key, (value, version))  # a row of its own wins over a kept copy
+            keys = sorted(merged)[:page]
+            if keys:
+                yield [Item(k.decode(), *merged[k]) for k in keys]
+            if len(keys) < page:
+                return
+            after = keys[-1]
+
     async def import_items(self, items: Sequence[Item]) -> None:
         rows = [(item.key.encode(), item.value, item.version, None, None) for item in items]
         highest = highest_per_family(item.version for item in items).get(_COUNTER_FAMILY)
