@@ -118,7 +118,7 @@ class MemoryMethods:
     async def memory_audit(
         self, agent_id: str, *, page_size: int = 0, page_token: str = "", **opts: Any
     ) -> pb.MemoryServiceAuditResponse:
-        """One page of every entry, tombstoned included, oldest first."""
+        """One page of every entry, tombstoned included, oldest first (operator role)."""
         req = pb.MemoryServiceAuditRequest(agent_id=agent_id, page_size=page_size, page_token=page_token)
         return await self._caller.call(self._memory.Audit, req, safe=True, **opts)
 

@@ -68,6 +68,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sec.add_argument("--tls-client-ca", type=readable_file, metavar="PEM", help="CA for client certificates: turns on mTLS")
     sec.add_argument("--trust-xfcc", action="store_true",
                      help="trust the sidecar's x-forwarded-client-cert header (mesh-terminated mTLS)")
+    sec.add_argument("--page-token-key-file", type=readable_file, metavar="FILE",
+                     help="64 hex digits keying page tokens (default: a key kept in the backend)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback --listen without authentication (never in production)")
     obs = p.add_argument_group("observability (tracing: the standard OTEL_* variables, see README)")
@@ -107,6 +109,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         trust_xfcc=args.trust_xfcc,
+        page_token_key_file=args.page_token_key_file,
         metrics_listen=args.metrics_listen,
         retain_idle_sessions_seconds=args.retain_idle_sessions,
         retain_journal_archives_seconds=args.retain_journal_archives,

@@ -35,6 +35,9 @@ class Settings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     trust_xfcc: bool = False
+    # page tokens: a file holding the deployment's 32-byte secret as 64 hex
+    # digits; None = the secret kept in the backend (shared by every replica)
+    page_token_key_file: Path | None = None
     metrics_listen: str | None = None
     # ledger: the janitor runs in every replica (safe: every action is conditional)
     ledger_janitor: bool = True

@@ -138,3 +138,20 @@ async def test_a_reused_request_id_is_refused_with_the_marker_on_the_item(storag
         await kv.put("t", "k", b"different", request_id="same")
     assert refused.value.reason == "REQUEST_ID_REUSED"
     assert (await kv.get("t", "k")).value == b"first"  # type: ignore[union-attr]
+
+
+async def test_markers_kept_with_items_survive_an_export_and_import(storage: Storage) -> None:
+    """Backup and migration copy `export_items`: a marker kept with its item
+    must come out as an item of its own, or a retry after a move applies twice."""
+    from fencepost_server.storage.memory import MemoryStorage
+
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    first = await kv.put_if_absent("t", "k", b"v1", request_id="a")
+    put = await kv.put("t", "p", b"x", request_id="c")
+    copy = MemoryStorage()
+    async for page in storage.export_items():
+        await copy.import_items(page)
+    moved = KvStore(copy, Limits(), RequestLog(copy))
+    assert (await moved.put_if_absent("t", "k", b"v1", request_id="a")) == first
+    assert await moved.put("t", "p", b"x", request_id="c") == put
+    assert (await moved.get("t", "p")).version == put  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
     {tenant}/kv/{caller key}                 KvService keys, as the caller named them
     {tenant}/sys/agentkit/v1/{agent}/...     framework keys (ledger, journal, memory, ...)
-    #/...                                    server-global bookkeeping (request ids, ...)
+    #/...                                    server-global bookkeeping (request ids, the page-token key, ...)
 
 `{tenant}` and every caller-controlled framework segment go through
 `encode_segment`, so neither can contain `/`, and `#` (always percent-encoded)

@@ -13,7 +13,7 @@ from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
 from .keys import TenantKeys, tenant_keys
 from .limits import Limits
-from .paging import decode_token, encode_token, page_size
+from .paging import PageTokens, page_size
 from .requests import RequestLog
 
 
@@ -74,10 +74,13 @@ class KvStore:
 
     _TXN_ATTEMPTS = 8
 
-    def __init__(self, storage: Storage, limits: Limits, requests: RequestLog) -> None:
+    def __init__(
+        self, storage: Storage, limits: Limits, requests: RequestLog, pages: PageTokens | None = None
+    ) -> None:
         self.storage = storage
         self.limits = limits
         self.requests = requests
+        self.pages = pages or PageTokens.ephemeral()
 
     # -- reads -------------------------------------------------------------
     async def get(self, tenant: str, key: str) -> Item | None:
@@ -89,7 +92,9 @@ class KvStore:
     async def list(self, tenant: str, prefix: str, size: int, token: str, *, values: bool = True) -> Page:
         check_key(prefix, self.limits, "prefix", allow_empty=True)
         limit = page_size(self.limits, size)
-        after = decode_token(prefix, token)
+        # List and ListKeys walk the same positions: a token of one resumes the other.
+        listing = ("kv.list", prefix)
+        after = await self.pages.resume(tenant, listing, token)
         keys = tenant_keys(tenant)
         scoped_after = keys.kv(after) if after is not None else None
         # One extra row tells whether another page exists without a second call.
@@ -101,7 +106,7 @@ class KvStore:
             items = [Item(keys.unscope_kv(n), b"", "") for n in names]
         more = len(items) > limit
         items = items[:limit]
-        token_out = encode_token(prefix, items[-1].key) if more else ""
+        token_out = await self.pages.issue(tenant, listing, items[-1].key) if more else ""
         return Page(items, token_out)
 
     # -- writes ------------------------------------------------------------

@@ -4,7 +4,10 @@ Keys are `str` compared in UTF-8 byte order (for valid Unicode this is code
 point order, so Python's own `str` ordering agrees). Values are `bytes`.
 Version tokens are opaque strings that change on every successful write and
 are never handed out twice by one backend, so a key deleted and re-created
-never gets an old token back (no ABA).
+never gets an old token back (no ABA). Every backend mints them with
+`new_version` (128 random bits): unique without coordination (replicas,
+restarts, a backup restored elsewhere), and unlike a shared counter they tell
+one tenant nothing about how much the others write.
 
 A miss is a miss (`None`); an outage raises `BackendUnavailable`. A write
 whose outcome is unknown raises `PersistenceUncertain`.
@@ -13,6 +16,7 @@ whose outcome is unknown raises `PersistenceUncertain`.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
@@ -21,6 +25,12 @@ MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
 #: items per page of `Storage.export_items`
 EXPORT_PAGE = 1000
+
+
+def new_version() -> str:
+    """A fresh version token: 128 random bits, so a token is never handed out
+    twice (no ABA after delete and re-create) and carries no counter."""
+    return os.urandom(16).hex()
 
 
 class StorageError(Exception):
@@ -191,10 +201,11 @@ def version_family(token: str) -> tuple[str, int] | None:
     """(family, counter) of a counter-shaped version token, else None.
 
     A counter token is `[epoch-]` followed by lowercase hex digits of a fixed
-    width: the SQLite backend's `%016x`, the memory backend's
-    `{epoch}-%012x`. Tokens of one family (same epoch prefix, same width)
-    order by their counter. Random tokens (DynamoDB's 128 bits: 32 digits)
-    are not counters and belong to no family."""
+    width: what older SQLite (`%016x`) and memory (`{epoch}-%012x`) backends
+    minted, and what an archive of theirs still carries. Tokens of one family
+    (same epoch prefix, same width) order by their counter. Random tokens
+    (`new_version`'s 128 bits: 32 digits, minted by every backend now) are
+    not counters and belong to no family."""
     head, _, digits = token.rpartition("-")
     if not digits or len(digits) > 16 or digits.strip("0123456789abcdef"):
         return None

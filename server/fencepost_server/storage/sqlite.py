@@ -13,11 +13,12 @@ reads see every acknowledged write. In the rare case WAL makes a reader wait
 (another process recovering the WAL), the read is handed to a reader thread
 instead of stalling the loop.
 
-Version tokens come from a counter stored in the same file and advanced inside
-the write transaction, so they are unique across restarts and across several
-processes sharing the file (BEGIN IMMEDIATE serialises writers). An import
-raises the counter past every counter-shaped version it brings in, in the
-same transaction, so no imported version is ever minted again.
+Version tokens are 128 random bits minted per write (`new_version`), as on
+every backend: unique across restarts, processes sharing the file and copies
+of it, and they say nothing about how much anyone else writes. Files written
+before kept a counter (`meta`); it is still raised past every counter-shaped
+version an import brings in and reported as this file's watermark, so those
+older tokens stay reserved across a move.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    EXPORT_PAGE,
     CountKeys,
     Delete,
     Item,
@@ -47,6 +49,7 @@ from .base import (
     TxnResult,
     Write,
     highest_per_family,
+    new_version,
     prefix_end,
     validate_transaction,
 )
@@ -189,9 +192,9 @@ class _Worker:
                     raise
             time.sleep(_BUSY_STEP)
 
-    def _version(self) -> str:
-        self._next_version += 1
-        return f"{self._next_version:016x}"
+    @staticmethod
+    def _version() -> str:
+        return new_version()
 
     def reserve(self, counter: int) -> None:
         """Mint past `counter` from now on (called by an op inside a batch)."""
@@ -246,7 +249,8 @@ class _Worker:
                     # nothing of this batch was applied, and the rest must not run unbatched
                     raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
                 outcomes.append(outcome)
-            conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
+            if self._next_version != start:  # an import reserved older counter tokens
+                conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.warning("sqlite batch commit failed: %s", exc)
@@ -499,6 +503,32 @@ class SqliteStorage(Storage):
             f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
     # -- operator tools ----------------------------------------------------
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        """As every backend, plus the request-id markers kept with their item:
+        each is exported as the row it becomes when its item changes (its own
+        key, version `m` + the item's), so an import anywhere keeps it."""
+        after = (start_after or "").encode()
+        while True:
+            def read(conn: sqlite3.Connection, after: bytes = after) -> list[tuple[bytes, bytes, str]]:
+                rows = conn.execute(
+                    "SELECT key, value, version FROM kv WHERE key > ? ORDER BY key LIMIT ?", (after, page)
+                ).fetchall()
+                rows += conn.execute(
+                    "SELECT marker_key, marker_value, 'm' || version FROM kv "
+                    "WHERE marker_key IS NOT NULL AND marker_key > ? ORDER BY marker_key LIMIT ?", (after, page)
+                ).fetchall()
+                return rows
+
+            merged: dict[bytes, tuple[bytes, str]] = {}
+            for key, value, version in await self._read(read):
+                merged.setdefault(key, (value, version))  # a row of its own wins over a kept copy
+            keys = sorted(merged)[:page]
+            if keys:
+                yield [Item(k.decode(), *merged[k]) for k in keys]
+            if len(keys) < page:
+                return
+            after = keys[-1]
+
     async def import_items(self, items: Sequence[Item]) -> None:
         rows = [(item.key.encode(), item.value, item.version, None, None) for item in items]
         highest = highest_per_family(item.version for item in items).get(_COUNTER_FAMILY)

@@ -15,6 +15,7 @@ from fencepost import reasons
 from ...storage import Item, Storage, StorageError
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
+from ..paging import PageTokens
 from .layout import LeaseState, Meta, SessionKeys, session_keys, session_not_found
 
 log = logging.getLogger("fencepost.ledger")
@@ -117,9 +118,11 @@ class LedgerBase:
         config: LedgerConfig | None = None,
         clock: Callable[[], float] = time.time,
         events: Callable[..., None] | None = None,
+        pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits or Limits()
+        self.pages = pages or PageTokens.ephemeral()
         self.config = config or LedgerConfig()
         self.clock = clock
         #: metrics hook: events("janitor.orphans_found", 3); no-op by default
