@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Delete, Expect, Item, Put, Write
+from ...storage import Check, Delete, Expect, Item, Put, StorageError, Write
 from ..errors import Code, DomainError, NotFound
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
-from .core import SessionView, bad
+from .core import SessionView, bad, log
 from .layout import (
     NO_LEASE,
     LeaseState,
@@ -168,10 +168,18 @@ class SessionMethods(ActivityMethods):
         if meta_i is None or head_i is None or lease_i is None:
             raise session_not_found(sid)
         self.remember_lease(sk.lease, lease_i)
+        meta = Meta.decode(meta_i.value)
+        activity = meta.created
         if act_i is not None:
             self.remember_activity(sk, act_i.value)
-        meta = Meta.decode(meta_i.value)
-        activity = json.loads(act_i.value)["t"] if act_i is not None else meta.created
+            act = Activity.decode(act_i.value)
+            activity = json.loads(act_i.value)["t"]
+            if act.owed is not None:  # a commit's index entries still owed (activity.py)
+                activity = act.last_micros / 1e6
+                try:
+                    await self.settle_index(sk, act_i.value)
+                except StorageError:
+                    log.warning("activity index not settled for %s", sid, exc_info=True)
         return self._view(meta, parse_seq(head_i.value), LeaseState.decode(lease_i.value), pending, activity)
 
     # -- sizes ----------------------------------------------------------------------
