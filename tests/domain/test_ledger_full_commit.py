@@ -12,9 +12,12 @@ import pytest
 
 from fencepost import reasons
 from fencepost_server.domain.errors import DomainError
+from fencepost_server.domain.journal import Journal
 from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.ledger.activity import Activity
 from fencepost_server.domain.ledger.layout import agent_root, index_prefix
+from fencepost_server.domain.limits import Limits
+from fencepost_server.domain.retention import Retention, RetentionConfig
 from fencepost_server.storage import BackendUnavailable, Storage
 from fencepost_server.storage.base import Check, CountKeys, TxnResult, Write
 from fencepost_server.storage.counting import CountingStorage, ObservedStorage
@@ -189,3 +192,25 @@ async def test_a_listing_in_progress_is_undisturbed_by_the_settling(storage: Sto
     assert rest == [(sid, 1), (sids[0][0], 1)]  # once, at the entry current at the listing's start
     clock.now += 1
     assert [s[0] for s in await _listed(ledger)] == [sid, sids[3][0], sids[2][0], sids[0][0]]
+
+
+async def test_retention_does_not_take_a_lagging_index_for_idleness(storage: Storage) -> None:
+    clock = FakeClock()
+    faulty = IndexWritesFail(storage)
+    ledger = Ledger(faulty, clock=clock)
+    sid, g = await _held(ledger, clock)
+    clock.now += 3 * 3600  # listed three hours ago; then a full commit whose index write is lost
+    ids = await _inbox(ledger, sid, 32)
+    faulty.broken = True
+    await ledger.commit(T, sid, g, 1, [b"r"] * 64, ids, commit_id="full")
+    faulty.broken = False
+    await ledger.release(T, sid, g)
+    fresh = Ledger(storage, clock=clock)
+    retention = Retention(storage, fresh, Journal(storage, Limits()),
+                          RetentionConfig(idle_session_seconds=2 * 3600), clock=clock)
+    counts = await retention.sweep_pass()
+    assert (counts.sessions_erased, counts.sessions_waiting) == (0, 1)
+    clock.now += 1
+    [(listed, seq, at, _)] = await _listed(fresh)  # settled by the pass
+    assert (listed, seq) == (sid, 65) and at >= clock.now - 1
+    assert (await retention.sweep_pass()).sessions_erased == 0
