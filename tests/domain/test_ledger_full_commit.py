@@ -102,10 +102,11 @@ async def test_only_over_the_bounds_is_a_commit_too_large(storage: Storage) -> N
     ledger = Ledger(storage, clock=FakeClock())
     sid, g = await _held(ledger, FakeClock())
     ids = await _inbox(ledger, sid, 33)
-    for records, consume in (([b"r"] * 65, ids[:1]), ([b"r"], ids)):
+    for records, consume, limit in (([b"r"] * 65, ids[:1], 64), ([b"r"], ids, 32)):
         with pytest.raises(DomainError) as too_large:
             await ledger.commit(T, sid, g, 1, records, consume, commit_id="over")
         assert too_large.value.reason == reasons.COMMIT_TOO_LARGE
+        assert (too_large.value.metadata["limit"], too_large.value.metadata["size"]) == (str(limit), str(limit + 1))
     with pytest.raises(DomainError) as too_big:  # 4 MiB: 17 records of 256 KiB
         await ledger.commit(T, sid, g, 1, [b"b" * 256 * 1024] * 17, commit_id="big")
     assert too_big.value.reason == reasons.COMMIT_TOO_LARGE
