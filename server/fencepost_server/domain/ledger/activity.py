@@ -213,17 +213,20 @@ class ActivityMethods(LedgerBase):
         self.remember_activity(sk, new_value)
         return new_value
 
+    async def settle_quietly(self, sk: SessionKeys, value: bytes) -> bytes:
+        """`settle_index`, best effort: an outage leaves the entries owed in
+        act/ for the next reader (the caller's own write has applied)."""
+        try:
+            return await self.settle_index(sk, value)
+        except StorageError:
+            self.remember_activity(sk, None)
+            log.warning("activity index not settled for %s; the next reader does", sk.sid, exc_info=True)
+            return value
+
     async def settled_activity(self, sk: SessionKeys) -> Activity | None:
         """The session's act/ item read now, its owed index entries written
-        first if any (None: the session has none). Best effort: an outage
-        leaves them owed for the next reader."""
+        first if any (None: the session has none)."""
         item = await self.storage.get(sk.act)
         if item is None:
             return None
-        value = item.value
-        if Activity.decode(value).owed is not None:
-            try:
-                value = await self.settle_index(sk, value)
-            except StorageError:
-                log.warning("activity index not settled for %s; the next reader retries", sk.sid, exc_info=True)
-        return Activity.decode(value)
+        return Activity.decode(await self.settle_quietly(sk, item.value))

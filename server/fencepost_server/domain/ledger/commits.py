@@ -26,6 +26,7 @@ only because the remembered act/ value was stale is retried from a fresh read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -36,8 +37,8 @@ from fencepost import reasons
 from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
-from .core import MAX_CONSUMED, MAX_RECORDS, bad, contended, log
-from .layout import SessionKeys, check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
+from .core import MAX_CONSUMED, MAX_RECORDS, bad, contended
+from .layout import check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
 
 
 #: The response's pending count stops here: it only has to say "run another turn".
@@ -139,8 +140,8 @@ class CommitMethods(ActivityMethods):
                 raise
             if res.applied:
                 self.remember_activity(sk, new_act)
-                if room < 0 and new_act is not None:
-                    await self._settle_after_commit(sk, new_act)
+                if room < 0 and new_act is not None:  # the second write (activity.py)
+                    await self.settle_quietly(sk, new_act)
                 self.notify_commit(sid)
                 pending = res.count if res.count is not None else await self.pending_after_write(
                     sk, PENDING_COUNT_CAP)
@@ -149,26 +150,12 @@ class CommitMethods(ActivityMethods):
             why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
             if isinstance(why, CommitReplay):
                 if room < 0:  # the first attempt may have stopped between its two writes
-                    await self._settle_after_commit(sk, None)
+                    with contextlib.suppress(StorageError):  # best effort: the replay stands
+                        await self.settled_activity(sk)
                 return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)
             if why is not None:
                 raise why
         raise contended("the commit")
-
-    async def _settle_after_commit(self, sk: SessionKeys, act_value: bytes | None) -> None:
-        """The second write of a commit that had no room for its index entries
-        (None: a replay, whose first attempt may have stopped before it; act/
-        is read). The commit has applied: a failure here is not the caller's,
-        the entries stay owed in act/ for the next reader (activity.py)."""
-        try:
-            if act_value is None:
-                await self.settled_activity(sk)
-            else:
-                await self.settle_index(sk, act_value)
-        except StorageError:
-            self.remember_activity(sk, None)
-            log.warning("activity index not settled after commit on %s; the next reader does", sk.sid,
-                        exc_info=True)
 
     def notify_commit(self, sid: str) -> None:
         """Hook for watchers (nothing to do today)."""

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Delete, Expect, Item, Put, StorageError, Write
+from ...storage import Check, Delete, Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
-from .core import SessionView, bad, log
+from .core import SessionView, bad
 from .layout import (
     NO_LEASE,
     LeaseState,
@@ -176,10 +176,7 @@ class SessionMethods(ActivityMethods):
             activity = json.loads(act_i.value)["t"]
             if act.owed is not None:  # a commit's index entries still owed (activity.py)
                 activity = act.last_micros / 1e6
-                try:
-                    await self.settle_index(sk, act_i.value)
-                except StorageError:
-                    log.warning("activity index not settled for %s", sid, exc_info=True)
+                await self.settle_quietly(sk, act_i.value)
         return self._view(meta, parse_seq(head_i.value), LeaseState.decode(lease_i.value), pending, activity)
 
     # -- sizes ----------------------------------------------------------------------
