@@ -47,6 +47,7 @@ from .api.kv import KvServicer
 from .api.ledger import LedgerServicer
 from .api.memory import MemoryServicer
 from .api.schedule import ScheduleServicer
+from .api.wire import tolerant_handlers
 from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.erasure import Eraser
@@ -99,7 +100,9 @@ class HandlerRegistry:
         self._server = server
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        # Tolerant deserializers: undecodable bytes are refused by the servicer
+        # with a documented reason, not answered UNKNOWN by grpc (api/wire.py).
+        self._server.add_generic_rpc_handlers(tolerant_handlers(handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         """Covered by the generic handler registered alongside."""
@@ -157,7 +160,7 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, s.limits, config)
+        journal = Journal(ctx.storage, s.limits, config, requests=ctx.requests)
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal

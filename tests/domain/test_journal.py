@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from fencepost import reasons
+from fencepost_server.domain.errors import InvalidArgument
 from fencepost_server.domain.journal import Entry, Journal, JournalConfig, _Keys, decode_segment
 from fencepost_server.domain.limits import Limits
 from fencepost_server.storage import Item, Storage
@@ -222,12 +224,23 @@ async def test_flush_killed_at_every_step_loses_and_duplicates_nothing(
 
 async def test_retried_request_id_is_read_once(storage: Storage) -> None:
     j = Journal(storage, Limits())
-    await j.append(TENANT, "r", fields(1), extra("first"), "req-1")
+    first = await j.append(TENANT, "r", fields(1), extra("first"), "req-1")
     await j.flush(TENANT, "r")
-    await j.append(TENANT, "r", fields(1), extra("retry"), "req-1")  # e.g. a retry after UNAVAILABLE
+    retry = await j.append(TENANT, "r", fields(1), extra("first"), "req-1")  # e.g. a retry after UNAVAILABLE
     await j.append(TENANT, "r", fields(2), extra("other"), "req-2")
+    assert retry == first  # the first attempt's id, which reads return
     view = await j.read(TENANT, "r")
     assert view is not None and tags(view.data) == ["first", "other"]
+
+
+async def test_request_id_reused_for_another_record_is_refused(storage: Storage) -> None:
+    j = Journal(storage, Limits())
+    await j.append(TENANT, "r", fields(1), extra("first"), "req-1")
+    with pytest.raises(InvalidArgument) as err:
+        await j.append(TENANT, "r", fields(1), extra("different"), "req-1")
+    assert err.value.reason == reasons.REQUEST_ID_REUSED
+    view = await j.read(TENANT, "r")
+    assert view is not None and tags(view.data) == ["first"]
 
 
 def test_ids_are_time_ordered_and_unique_across_replicas() -> None:

@@ -10,8 +10,9 @@ applied write, a get). Whether a token never seen with a value (e.g. from an
 unknown write) is the current one is undecided when the current value's own
 token was never seen either: a CAS on it may then succeed or be refused.
 
-A refused CAS reports the key's current version, but the server reads it
-after the refusal, so it is not part of the model (only the refusal is).
+A refused CAS reports the version that refused it, read by the backend in
+the same atomic step as the refusal, so it is part of the model: the state
+the refusal is linearized at must carry that version ("" = absent).
 
 An op with an unknown outcome may take effect at any point after its invoke,
 or never (it is never required to be linearized). Failed writes applied
@@ -112,10 +113,10 @@ def _step(op: Op, state: bytes | None, versions: _Versions) -> list[bytes | None
         raise ValueError(f"not a register op: {op.kind}")
     written = None if op.kind == DELETE_IF_VERSION else op.args["value"]
     if op.status == OK:
-        # A refused write's "current version" is read after the refusal (not
-        # atomically with it), so only the refusal itself is checked.
         if holds is not None and op.result.applied != holds:
             return []
+        if not op.result.applied and versions.matches(state, op.result.version) is False:
+            return []  # refused by a version this state does not carry
         return [written] if op.result.applied else [state]
     if holds is None:
         return [written, state]

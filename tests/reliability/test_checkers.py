@@ -72,6 +72,17 @@ def test_an_unknown_write_that_never_happened_is_allowed_but_a_refused_one_is_no
     assert not verdict.linearizable and not verdict.replay_suspect  # refused though the version matched
 
 
+def test_a_refusal_reporting_a_version_no_state_carried_is_not_linearizable() -> None:
+    base = [op(0, "kv.put_if_absent", 0, 1, result=CasResult(True, "v1"), value=b"a")]
+    delete = op(1, "kv.delete_if_version", 4, 5, result=CasResult(True, None), expected="v1")
+    # refused while the key held v1 (before the delete): it must report v1
+    honest = op(2, "kv.put_if_absent", 2, 3, result=CasResult(False, "v1"), value=b"b")
+    assert check_register([*base, honest, delete]).linearizable
+    # "not applied, key absent" while nothing had deleted it yet: no order allows it
+    absent = op(2, "kv.put_if_absent", 2, 3, result=CasResult(False, None), value=b"b")
+    assert not check_register([*base, absent, delete]).linearizable
+
+
 # -- ledger and journal ---------------------------------------------------------------
 def _commit(i: int, sid: str, gen: int, seq: int, status: str, at: float = 0.0) -> Op:
     cid = f"c{i}"

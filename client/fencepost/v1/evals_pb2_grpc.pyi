@@ -44,7 +44,9 @@ class EvalServiceStub:
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
-      malformed (the BadRequest field violation names it). Fix the request.
+      malformed, or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); the BadRequest field violation names it.
+      Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
       (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
@@ -139,7 +141,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
-      malformed (the BadRequest field violation names it). Fix the request.
+      malformed, or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); the BadRequest field violation names it.
+      Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
       (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
@@ -230,7 +234,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
-      malformed (the BadRequest field violation names it). Fix the request.
+      malformed, or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); the BadRequest field violation names it.
+      Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
       (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the

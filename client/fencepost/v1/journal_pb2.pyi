@@ -143,8 +143,9 @@ class AppendTurnRequest(_message.Message):
     agent: _builtins.str
     """The agent whose journal this is: one key segment."""
     request_id: _builtins.str
-    """AIP-155 request id: appends retried with the same id are journaled at
-    most once as far as any read is concerned (the SDK fills one in).
+    """AIP-155 request id: an append retried with the same id and record is
+    journaled once and answered with the first record id; the same id with
+    a different record is REQUEST_ID_REUSED (the SDK fills one in).
     """
     @_builtins.property
     def record(self) -> Global___TurnRecord:

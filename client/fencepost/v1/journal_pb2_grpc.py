@@ -41,6 +41,9 @@ class JournalServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
     (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+    field that is not valid UTF-8, a truncated message): metadata `field`
+    and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -95,6 +98,9 @@ class JournalServiceServicer:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
     (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+    field that is not valid UTF-8, a truncated message): metadata `field`
+    and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -112,7 +118,10 @@ class JournalServiceServicer:
         record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
         the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
         (a required field is empty, `status` is unspecified, or an `extra` key
-        shadows a typed field; see the BadRequest field violation).
+        shadows a typed field; see the BadRequest field violation);
+        INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+        different record: nothing was written; use a fresh id). A retry with the
+        same request_id and record returns the first attempt's record id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +205,9 @@ class JournalService:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
     (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+    field that is not valid UTF-8, a truncated message): metadata `field`
+    and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend

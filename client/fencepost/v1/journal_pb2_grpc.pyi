@@ -42,6 +42,9 @@ class JournalServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
       (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -63,7 +66,10 @@ class JournalServiceStub:
     record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
     the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
     (a required field is empty, `status` is unspecified, or an `extra` key
-    shadows a typed field; see the BadRequest field violation).
+    shadows a typed field; see the BadRequest field violation);
+    INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+    different record: nothing was written; use a fresh id). A retry with the
+    same request_id and record returns the first attempt's record id.
     """
     ReadJournal: _grpc.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -102,6 +108,9 @@ class JournalServiceAsyncStub(JournalServiceStub):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
       (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -120,7 +129,10 @@ class JournalServiceAsyncStub(JournalServiceStub):
     record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
     the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
     (a required field is empty, `status` is unspecified, or an `extra` key
-    shadows a typed field; see the BadRequest field violation).
+    shadows a typed field; see the BadRequest field violation);
+    INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+    different record: nothing was written; use a fresh id). A retry with the
+    same request_id and record returns the first attempt's record id.
     """
     ReadJournal: _aio.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]  # type: ignore[assignment]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -158,6 +170,9 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
       (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -180,7 +195,10 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
         the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
         (a required field is empty, `status` is unspecified, or an `extra` key
-        shadows a typed field; see the BadRequest field violation).
+        shadows a typed field; see the BadRequest field violation);
+        INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+        different record: nothing was written; use a fresh id). A retry with the
+        same request_id and record returns the first attempt's record id.
         """
 
     @_abc_1.abstractmethod

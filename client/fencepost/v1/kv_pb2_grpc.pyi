@@ -36,7 +36,12 @@ class KvServiceStub:
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / KEY_INVALID: the key is empty or contains NUL. Fix the key.
+    - INVALID_ARGUMENT / KEY_INVALID: the key is empty, contains NUL or is not
+      valid UTF-8 on the wire (a BadRequest field violation names the field).
+      Fix the key.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the key is over the key limit (metadata
       `limit`, `size`). Shorten or hash the key (see encode_segment).
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: the value is over the value limit.
@@ -104,11 +109,13 @@ class KvServiceStub:
     """Txn evaluates every compare; when all hold it applies `success_ops`,
     otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
     `succeeded = false`, not an error.
-    Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-    operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-    TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-    as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-    concurrent writers: retry the whole transaction).
+    At most 100 operations: the compares plus the ops of a branch, plus 2
+    when `request_id` is set (its marker travels in the same atomic write).
+    Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+    operations or the 4 MiB transaction byte limit; metadata `limit`,
+    `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+    keys kept changing under concurrent writers: retry the whole transaction).
     """
 
 @_typing.type_check_only
@@ -122,7 +129,12 @@ class KvServiceAsyncStub(KvServiceStub):
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / KEY_INVALID: the key is empty or contains NUL. Fix the key.
+    - INVALID_ARGUMENT / KEY_INVALID: the key is empty, contains NUL or is not
+      valid UTF-8 on the wire (a BadRequest field violation names the field).
+      Fix the key.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the key is over the key limit (metadata
       `limit`, `size`). Shorten or hash the key (see encode_segment).
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: the value is over the value limit.
@@ -187,11 +199,13 @@ class KvServiceAsyncStub(KvServiceStub):
     """Txn evaluates every compare; when all hold it applies `success_ops`,
     otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
     `succeeded = false`, not an error.
-    Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-    operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-    TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-    as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-    concurrent writers: retry the whole transaction).
+    At most 100 operations: the compares plus the ops of a branch, plus 2
+    when `request_id` is set (its marker travels in the same atomic write).
+    Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+    operations or the 4 MiB transaction byte limit; metadata `limit`,
+    `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+    keys kept changing under concurrent writers: retry the whole transaction).
     """
 
 class KvServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -204,7 +218,12 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / KEY_INVALID: the key is empty or contains NUL. Fix the key.
+    - INVALID_ARGUMENT / KEY_INVALID: the key is empty, contains NUL or is not
+      valid UTF-8 on the wire (a BadRequest field violation names the field).
+      Fix the key.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the key is over the key limit (metadata
       `limit`, `size`). Shorten or hash the key (see encode_segment).
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: the value is over the value limit.
@@ -327,11 +346,13 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         """Txn evaluates every compare; when all hold it applies `success_ops`,
         otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
         `succeeded = false`, not an error.
-        Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-        operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-        TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-        as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-        concurrent writers: retry the whole transaction).
+        At most 100 operations: the compares plus the ops of a branch, plus 2
+        when `request_id` is set (its marker travels in the same atomic write).
+        Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+        operations or the 4 MiB transaction byte limit; metadata `limit`,
+        `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+        branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+        keys kept changing under concurrent writers: retry the whole transaction).
         """
 
 def add_KvServiceServicer_to_server(servicer: KvServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

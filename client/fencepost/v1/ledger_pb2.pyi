@@ -346,16 +346,22 @@ class ListSessionsRequest(_message.Message):
     agent: _builtins.str
     """The agent."""
     max_sessions: _builtins.int
-    """At most this many sessions in the whole listing (0 = 1000)."""
+    """At most this many sessions in the whole listing (0 = 1000; negative is
+    refused with FIELD_INVALID).
+    """
     max_total_bytes: _builtins.int
-    """Stop before the listed sessions' log bytes would exceed this (0 = 1 GiB)."""
+    """Stop before the listed sessions' log bytes would exceed this (0 = 1 GiB;
+    negative is refused with FIELD_INVALID).
+    """
     page_size: _builtins.int
     """0 = default (100); at most 1000; negative is an error."""
     page_token: _builtins.str
     """A token from a previous response of the same listing."""
     @_builtins.property
     def max_age(self) -> _duration_pb2.Duration:
-        """Skip sessions whose last activity is older (unset or zero = 30 days)."""
+        """Skip sessions whose last activity is older (unset or zero = 30 days;
+        negative is refused with FIELD_INVALID).
+        """
 
     def __init__(
         self,
@@ -515,7 +521,9 @@ class AcquireLeaseRequest(_message.Message):
     """The caller's current generation, to renew through AcquireLease (0 = none)."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """How long the lease lasts unless renewed (unset = 30 s)."""
+        """How long the lease lasts unless renewed (unset = 30 s; negative is
+        refused with FIELD_INVALID).
+        """
 
     def __init__(
         self,
@@ -603,7 +611,7 @@ class RenewLeaseRequest(_message.Message):
     """The caller's holder id (kept in the lease record)."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The new time to live from now (unset = 30 s)."""
+        """The new time to live from now (unset = 30 s; negative is refused)."""
 
     def __init__(
         self,
@@ -920,7 +928,9 @@ class DeliverRequest(_message.Message):
     """When set, the holder id that tries the lease after parking."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The lease ttl for try_lease (unset = 30 s)."""
+        """The lease ttl for try_lease (unset = 30 s; negative is refused before
+        anything is parked).
+        """
 
     def __init__(
         self,
@@ -1107,7 +1117,7 @@ class ClaimOrphanRequest(_message.Message):
     """Only sessions of this agent ("" = any agent of the tenant)."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The lease ttl (unset = 30 s)."""
+        """The lease ttl (unset = 30 s; negative is refused)."""
 
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:

@@ -37,8 +37,9 @@ class LedgerServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -152,8 +153,9 @@ class LedgerServiceServicer:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -175,6 +177,10 @@ class LedgerServiceServicer:
     def OpenSession(self, request, context):
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
+        `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+        key of the agent), `session_key` at most 1024, and the session's record
+        (names plus `metadata`) at most 256 KiB: over any of them is
+        INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -280,7 +286,8 @@ class LedgerServiceServicer:
         log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
         `inbox_ids`: nothing was written; list the inbox again);
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-        ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+        ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+        violation naming `records` or `consume_inbox_ids`; split the commit),
         RECORD_TOO_LARGE (a record over 256 KiB);
         ABORTED / TXN_CONTENDED (the session's activity kept changing under the
         write, from concurrent empty commits; retry with the same commit_id);
@@ -467,8 +474,9 @@ class LedgerService:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
     `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-    field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+    does not decode (a string that is not valid UTF-8, a truncated message);
+    a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is

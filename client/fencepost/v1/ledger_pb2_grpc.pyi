@@ -38,8 +38,9 @@ class LedgerServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -65,6 +66,10 @@ class LedgerServiceStub:
     OpenSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.OpenSessionRequest, _ledger_pb2.OpenSessionResponse]
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
+    `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+    key of the agent), `session_key` at most 1024, and the session's record
+    (names plus `metadata`) at most 256 KiB: over any of them is
+    INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
     """
     ResolveSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]
@@ -138,7 +143,8 @@ class LedgerServiceStub:
     log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
     `inbox_ids`: nothing was written; list the inbox again);
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-    ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+    ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+    violation naming `records` or `consume_inbox_ids`; split the commit),
     RECORD_TOO_LARGE (a record over 256 KiB);
     ABORTED / TXN_CONTENDED (the session's activity kept changing under the
     write, from concurrent empty commits; retry with the same commit_id);
@@ -213,8 +219,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -237,6 +244,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     OpenSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.OpenSessionRequest, _ledger_pb2.OpenSessionResponse]  # type: ignore[assignment]
     """OpenSession creates the session for (agent, session_key), or returns the
     existing one. Concurrent opens of one key return the same session_id.
+    `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+    key of the agent), `session_key` at most 1024, and the session's record
+    (names plus `metadata`) at most 256 KiB: over any of them is
+    INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
     """
     ResolveSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]  # type: ignore[assignment]
@@ -310,7 +321,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
     `inbox_ids`: nothing was written; list the inbox again);
     INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-    ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+    ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+    violation naming `records` or `consume_inbox_ids`; split the commit),
     RECORD_TOO_LARGE (a record over 256 KiB);
     ABORTED / TXN_CONTENDED (the session's activity kept changing under the
     write, from concurrent empty commits; retry with the same commit_id);
@@ -384,8 +396,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session again; do not retry as is.
-    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
-      field violation names it). Fix the request.
+    - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+      does not decode (a string that is not valid UTF-8, a truncated message);
+      a BadRequest field violation names it. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -412,6 +425,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.OpenSessionResponse, _abc.Awaitable[_ledger_pb2.OpenSessionResponse]]:
         """OpenSession creates the session for (agent, session_key), or returns the
         existing one. Concurrent opens of one key return the same session_id.
+        `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+        key of the agent), `session_key` at most 1024, and the session's record
+        (names plus `metadata`) at most 256 KiB: over any of them is
+        INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
         """
 
@@ -533,7 +550,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
         `inbox_ids`: nothing was written; list the inbox again);
         INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-        ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+        ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+        violation naming `records` or `consume_inbox_ids`; split the commit),
         RECORD_TOO_LARGE (a record over 256 KiB);
         ABORTED / TXN_CONTENDED (the session's activity kept changing under the
         write, from concurrent empty commits; retry with the same commit_id);

@@ -43,8 +43,10 @@ class MemoryServiceStub:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-    an unknown enum, an inverted validity window); see the BadRequest field
-    violation. Fix the request; do not retry as is.
+    an unknown enum, an inverted validity window, a timestamp outside years
+    1..9999) or the request does not decode (a string that is not valid
+    UTF-8, a truncated message); see the BadRequest field violation. Fix the
+    request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
     different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -142,8 +144,10 @@ class MemoryServiceServicer:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-    an unknown enum, an inverted validity window); see the BadRequest field
-    violation. Fix the request; do not retry as is.
+    an unknown enum, an inverted validity window, a timestamp outside years
+    1..9999) or the request does not decode (a string that is not valid
+    UTF-8, a truncated message); see the BadRequest field violation. Fix the
+    request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
     different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -170,8 +174,8 @@ class MemoryServiceServicer:
 
     def List(self, request, context):
         """List returns live entries, oldest first. With `limit` it is the bounded
-        read (the newest `limit` entries within 16384 bytes of content,
-        presented oldest first); without, it pages through every live entry
+        read (the newest `limit` entries within 16384 bytes of content, ties on
+        created_at broken by id ascending, presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -208,8 +212,8 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReassertTrust(self, request, context):
-        """ReassertTrust sets the trust label of an un-tombstoned entry (one
-        appended record). `found = false` when there is none. Needs the
+        """ReassertTrust sets the trust label of a live entry (un-tombstoned and
+        not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
         """
@@ -274,7 +278,9 @@ class MemoryServiceServicer:
         """BuildInjection returns the three disjoint blocks a turn injects: the
         pinned core (at most 2048 bytes, never pushed out), the topic index (at
         most 4096 bytes rendered), and the recency tail (at most 8 entries and
-        4096 bytes, skipping pinned entries). Errors: the common ones.
+        4096 bytes, skipping pinned entries; newest first with ties on
+        created_at broken by id ascending, presented oldest first).
+        Errors: the common ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -369,8 +375,10 @@ class MemoryService:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-    an unknown enum, an inverted validity window); see the BadRequest field
-    violation. Fix the request; do not retry as is.
+    an unknown enum, an inverted validity window, a timestamp outside years
+    1..9999) or the request does not decode (a string that is not valid
+    UTF-8, a truncated message); see the BadRequest field violation. Fix the
+    request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
     different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.

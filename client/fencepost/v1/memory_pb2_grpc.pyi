@@ -44,8 +44,10 @@ class MemoryServiceStub:
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-      an unknown enum, an inverted validity window); see the BadRequest field
-      violation. Fix the request; do not retry as is.
+      an unknown enum, an inverted validity window, a timestamp outside years
+      1..9999) or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); see the BadRequest field violation. Fix the
+      request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
       different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -72,8 +74,8 @@ class MemoryServiceStub:
     """
     List: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]
     """List returns live entries, oldest first. With `limit` it is the bounded
-    read (the newest `limit` entries within 16384 bytes of content,
-    presented oldest first); without, it pages through every live entry
+    read (the newest `limit` entries within 16384 bytes of content, ties on
+    created_at broken by id ascending, presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     """
     Search: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]
@@ -94,8 +96,8 @@ class MemoryServiceStub:
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     """
     ReassertTrust: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]
-    """ReassertTrust sets the trust label of an un-tombstoned entry (one
-    appended record). `found = false` when there is none. Needs the
+    """ReassertTrust sets the trust label of a live entry (un-tombstoned and
+    not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
     """
@@ -136,7 +138,9 @@ class MemoryServiceStub:
     """BuildInjection returns the three disjoint blocks a turn injects: the
     pinned core (at most 2048 bytes, never pushed out), the topic index (at
     most 4096 bytes rendered), and the recency tail (at most 8 entries and
-    4096 bytes, skipping pinned entries). Errors: the common ones.
+    4096 bytes, skipping pinned entries; newest first with ties on
+    created_at broken by id ascending, presented oldest first).
+    Errors: the common ones.
     """
 
 @_typing.type_check_only
@@ -158,8 +162,10 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-      an unknown enum, an inverted validity window); see the BadRequest field
-      violation. Fix the request; do not retry as is.
+      an unknown enum, an inverted validity window, a timestamp outside years
+      1..9999) or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); see the BadRequest field violation. Fix the
+      request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
       different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -183,8 +189,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     List: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]  # type: ignore[assignment]
     """List returns live entries, oldest first. With `limit` it is the bounded
-    read (the newest `limit` entries within 16384 bytes of content,
-    presented oldest first); without, it pages through every live entry
+    read (the newest `limit` entries within 16384 bytes of content, ties on
+    created_at broken by id ascending, presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     """
     Search: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]  # type: ignore[assignment]
@@ -205,8 +211,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     """
     ReassertTrust: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]  # type: ignore[assignment]
-    """ReassertTrust sets the trust label of an un-tombstoned entry (one
-    appended record). `found = false` when there is none. Needs the
+    """ReassertTrust sets the trust label of a live entry (un-tombstoned and
+    not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
     """
@@ -247,7 +253,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """BuildInjection returns the three disjoint blocks a turn injects: the
     pinned core (at most 2048 bytes, never pushed out), the topic index (at
     most 4096 bytes rendered), and the recency tail (at most 8 entries and
-    4096 bytes, skipping pinned entries). Errors: the common ones.
+    4096 bytes, skipping pinned entries; newest first with ties on
+    created_at broken by id ascending, presented oldest first).
+    Errors: the common ones.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -268,8 +276,10 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and its variables in metadata):
     - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
-      an unknown enum, an inverted validity window); see the BadRequest field
-      violation. Fix the request; do not retry as is.
+      an unknown enum, an inverted validity window, a timestamp outside years
+      1..9999) or the request does not decode (a string that is not valid
+      UTF-8, a truncated message); see the BadRequest field violation. Fix the
+      request; do not retry as is.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
       different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -303,8 +313,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceListResponse, _abc.Awaitable[_memory_pb2.MemoryServiceListResponse]]:
         """List returns live entries, oldest first. With `limit` it is the bounded
-        read (the newest `limit` entries within 16384 bytes of content,
-        presented oldest first); without, it pages through every live entry
+        read (the newest `limit` entries within 16384 bytes of content, ties on
+        created_at broken by id ascending, presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         """
 
@@ -349,8 +359,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_pb2.MemoryServiceReassertTrustRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceReassertTrustResponse, _abc.Awaitable[_memory_pb2.MemoryServiceReassertTrustResponse]]:
-        """ReassertTrust sets the trust label of an un-tombstoned entry (one
-        appended record). `found = false` when there is none. Needs the
+        """ReassertTrust sets the trust label of a live entry (un-tombstoned and
+        not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
         """
@@ -427,7 +437,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """BuildInjection returns the three disjoint blocks a turn injects: the
         pinned core (at most 2048 bytes, never pushed out), the topic index (at
         most 4096 bytes rendered), and the recency tail (at most 8 entries and
-        4096 bytes, skipping pinned entries). Errors: the common ones.
+        4096 bytes, skipping pinned entries; newest first with ties on
+        created_at broken by id ascending, presented oldest first).
+        Errors: the common ones.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

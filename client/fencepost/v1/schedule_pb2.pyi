@@ -95,8 +95,8 @@ class Reminder(_message.Message):
     """The log seq of the reminder's create record."""
     @_builtins.property
     def scheduled_at(self) -> _timestamp_pb2.Timestamp:
-        """The UTC target, fixed at creation (clamped to 9999-12-31T23:59:59Z when
-        after_seconds reaches beyond it).
+        """The UTC target, fixed at creation (never past 9999-12-31: later targets
+        are refused at creation, and rejected in records committed directly).
         """
 
     def __init__(

@@ -45,6 +45,9 @@ class ScheduleServiceStub:
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session; do not retry as is.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -66,8 +69,9 @@ class ScheduleServiceStub:
     Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
     `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
     after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-    empty after trimming or after_seconds is missing or outside
-    1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+    empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+    or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+    Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -107,7 +111,8 @@ class ScheduleServiceStub:
     """
     WatchDue: _grpc.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]
     """WatchDue streams, for the live lease holder, each active reminder once
-    when it becomes due (overdue ones first, at once). The server waits in
+    when it becomes due (overdue ones first, at once), earliest target first
+    (ties in id order). The server waits in
     bounded segments of at most a second, re-reading the clock and the lease
     on every wake; reminders created or ended through the same server wake
     it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when
@@ -136,6 +141,9 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session; do not retry as is.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -154,8 +162,9 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
     `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
     after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-    empty after trimming or after_seconds is missing or outside
-    1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+    empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+    or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+    Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -195,7 +204,8 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     """
     WatchDue: _aio.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]  # type: ignore[assignment]
     """WatchDue streams, for the live lease holder, each active reminder once
-    when it becomes due (overdue ones first, at once). The server waits in
+    when it becomes due (overdue ones first, at once), earliest target first
+    (ties in id order). The server waits in
     bounded segments of at most a second, re-reading the clock and the lease
     on every wake; reminders created or ended through the same server wake
     it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when
@@ -223,6 +233,9 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     reason below, domain "fencepost.dev", and the variables in metadata):
     - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
       `session_id`). Open or resolve the session; do not retry as is.
+    - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+      field that is not valid UTF-8, a truncated message): metadata `field`
+      and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -245,8 +258,9 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
         `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
         after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-        empty after trimming or after_seconds is missing or outside
-        1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+        empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+        or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+        Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -316,7 +330,8 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_schedule_pb2.WatchDueResponse], _abc.AsyncIterator[_schedule_pb2.WatchDueResponse]]:
         """WatchDue streams, for the live lease holder, each active reminder once
-        when it becomes due (overdue ones first, at once). The server waits in
+        when it becomes due (overdue ones first, at once), earliest target first
+        (ties in id order). The server waits in
         bounded segments of at most a second, re-reading the clock and the lease
         on every wake; reminders created or ended through the same server wake
         it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when

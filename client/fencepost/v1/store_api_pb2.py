@@ -26,7 +26,7 @@ from fencepost.v1 import errors_pb2 as fencepost_dot_v1_dot_errors__pb2
 from fencepost.v1 import journal_pb2 as fencepost_dot_v1_dot_journal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65ncepost/v1/store_api.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1a\x66\x65ncepost/v1/journal.proto\"\xb9\x01\n\x0b\x43\x61llRequest\x12\t\n\x01v\x18\x01 \x01(\x05\x12\x0c\n\x04\x63\x61ll\x18\x02 \x01(\t\x12:\n\rmemory_append\x18\x03 \x01(\x0b\x32!.fencepost.v1.MemoryAppendPayloadH\x00\x12\x36\n\x0bmemory_read\x18\x04 \x01(\x0b\x32\x1f.fencepost.v1.MemoryReadPayloadH\x00\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\t\n\x07payload\"N\n\x13MemoryAppendPayload\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x18.fencepost.v1.TurnRecord\"\"\n\x11MemoryReadPayload\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"\xa1\x01\n\x0c\x43\x61llResponse\x12\t\n\x01v\x18\x01 \x01(\x05\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x39\n\rmemory_append\x18\x03 \x01(\x0b\x32 .fencepost.v1.MemoryAppendResultH\x00\x12\x35\n\x0bmemory_read\x18\x04 \x01(\x0b\x32\x1e.fencepost.v1.MemoryReadResultH\x00\x42\x08\n\x06result\"\'\n\x12MemoryAppendResult\x12\x11\n\trecord_id\x18\x01 \x01(\t\":\n\x10MemoryReadResult\x12&\n\x07journal\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.Journal\"B\n\x07Journal\x12\r\n\x05jsonl\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x32\x64\n\x0fStoreApiService\x12J\n\x04\x43\x61ll\x12\x19.fencepost.v1.CallRequest\x1a\x1a.fencepost.v1.CallResponse\"\x0b\xca\xa5\x19\x07\x17\x18\x19\x15\n\x0c\r\x1a\x05\xca\xa5\x19\x01\"b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65ncepost/v1/store_api.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1a\x66\x65ncepost/v1/journal.proto\"\xb9\x01\n\x0b\x43\x61llRequest\x12\t\n\x01v\x18\x01 \x01(\x05\x12\x0c\n\x04\x63\x61ll\x18\x02 \x01(\t\x12:\n\rmemory_append\x18\x03 \x01(\x0b\x32!.fencepost.v1.MemoryAppendPayloadH\x00\x12\x36\n\x0bmemory_read\x18\x04 \x01(\x0b\x32\x1f.fencepost.v1.MemoryReadPayloadH\x00\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\t\n\x07payload\"N\n\x13MemoryAppendPayload\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x18.fencepost.v1.TurnRecord\"\"\n\x11MemoryReadPayload\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"\xa1\x01\n\x0c\x43\x61llResponse\x12\t\n\x01v\x18\x01 \x01(\x05\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x39\n\rmemory_append\x18\x03 \x01(\x0b\x32 .fencepost.v1.MemoryAppendResultH\x00\x12\x35\n\x0bmemory_read\x18\x04 \x01(\x0b\x32\x1e.fencepost.v1.MemoryReadResultH\x00\x42\x08\n\x06result\"\'\n\x12MemoryAppendResult\x12\x11\n\trecord_id\x18\x01 \x01(\t\":\n\x10MemoryReadResult\x12&\n\x07journal\x18\x01 \x01(\x0b\x32\x15.fencepost.v1.Journal\"B\n\x07Journal\x12\r\n\x05jsonl\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x32\x66\n\x0fStoreApiService\x12K\n\x04\x43\x61ll\x12\x19.fencepost.v1.CallRequest\x1a\x1a.fencepost.v1.CallResponse\"\x0c\xca\xa5\x19\x08\x17\x18\x19\x15\n\x0b\x0c\r\x1a\x06\xca\xa5\x19\x02\"\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencepost.v1.store_api_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STOREAPISERVICE']._loaded_options = None
-  _globals['_STOREAPISERVICE']._serialized_options = b'\312\245\031\001\"'
+  _globals['_STOREAPISERVICE']._serialized_options = b'\312\245\031\002\"\n'
   _globals['_STOREAPISERVICE'].methods_by_name['Call']._loaded_options = None
-  _globals['_STOREAPISERVICE'].methods_by_name['Call']._serialized_options = b'\312\245\031\007\027\030\031\025\n\014\r'
+  _globals['_STOREAPISERVICE'].methods_by_name['Call']._serialized_options = b'\312\245\031\010\027\030\031\025\n\013\014\r'
   _globals['_CALLREQUEST']._serialized_start=102
   _globals['_CALLREQUEST']._serialized_end=287
   _globals['_MEMORYAPPENDPAYLOAD']._serialized_start=289
@@ -52,5 +52,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOURNAL']._serialized_start=670
   _globals['_JOURNAL']._serialized_end=736
   _globals['_STOREAPISERVICE']._serialized_start=738
-  _globals['_STOREAPISERVICE']._serialized_end=838
+  _globals['_STOREAPISERVICE']._serialized_end=840
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,7 @@ Servicer methods are wrapped by `unary` / `server_stream`, which
 - resolve the caller (tenant + role) through the configured authenticator,
 - turn domain and storage errors into a gRPC status with a google.rpc.ErrorInfo
   (and a BadRequest field violation when the error names a field),
+- refuse a request whose bytes did not decode (see wire.py),
 - record the RPC in the metrics.
 """
 
@@ -27,6 +28,7 @@ from fencepost import reasons
 from .. import tracing
 from ..domain.errors import Code, DomainError, PermissionDenied
 from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
+from .wire import UndecodableRequest
 
 log = logging.getLogger("fencepost.rpc")
 
@@ -78,6 +80,16 @@ class NullObserver:
         pass
 
 
+#: a refusal repeats what the caller sent; bounded, so the status always fits
+#: the trailers a client accepts (16 KiB by default) whatever the caller sent
+_MESSAGE_CHARS = 1024
+_METADATA_CHARS = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def status_of(exc: BaseException) -> status_pb2.Status:
     """The google.rpc.Status for an error raised while serving."""
     if isinstance(exc, DomainError):
@@ -95,6 +107,8 @@ def status_of(exc: BaseException) -> status_pb2.Status:
         code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
     else:
         code, reason, message, metadata, field = Code.INTERNAL, reasons.INTERNAL, "internal error", {}, None
+    message = _clip(message, _MESSAGE_CHARS)
+    metadata = {k: _clip(v, _METADATA_CHARS) for k, v in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=reason, domain=reasons.DOMAIN, metadata=metadata)
     details = [_pack(info)]
     if field is not None:
@@ -149,6 +163,8 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
         span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
             _caller.set(self.auth.identify(context))
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             return await fn(self, request, context)
         except Exception as exc:
             outcome, status = _failure(name, exc)
@@ -172,6 +188,8 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
         span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
             _caller.set(self.auth.identify(context))
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             async for item in fn(self, request, context):
                 yield item
         except Exception as exc:

@@ -11,9 +11,11 @@ from fencepost.v1 import evals_pb2, evals_pb2_grpc
 
 from ..domain.evals import EvalRun, EvalStore
 from .base import Authenticator, RpcObserver, ServicerBase, caller, unary
+from .fields import check_json_struct
 
 
-def _obj(struct: struct_pb2.Struct) -> dict[str, Any]:
+def _obj(struct: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    check_json_struct(struct, field)
     return json_format.MessageToDict(struct)
 
 
@@ -42,7 +44,7 @@ class EvalServicer(ServicerBase, evals_pb2_grpc.EvalServiceServicer):
         self, request: evals_pb2.PutEvalRunRequest, context: grpc.aio.ServicerContext
     ) -> evals_pb2.PutEvalRunResponse:
         run = await self.evals.put_run(
-            caller().tenant, request.agent, request.run_id, _obj(request.snapshot), request.request_id
+            caller().tenant, request.agent, request.run_id, _obj(request.snapshot, "snapshot"), request.request_id
         )
         return evals_pb2.PutEvalRunResponse(run=_run(run))
 
@@ -78,7 +80,7 @@ class EvalServicer(ServicerBase, evals_pb2_grpc.EvalServiceServicer):
         at_ns = request.at.seconds * 1_000_000_000 + request.at.nanos if request.HasField("at") else None
         await self.evals.put_sample(
             caller().tenant, request.agent, request.experiment, request.session_id, at_ns,
-            _obj(request.sample), request.request_id,
+            _obj(request.sample, "sample"), request.request_id,
         )
         return evals_pb2.PutAbSampleResponse()
 
@@ -103,7 +105,7 @@ class EvalServicer(ServicerBase, evals_pb2_grpc.EvalServiceServicer):
         self, request: evals_pb2.PutAbSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> evals_pb2.PutAbSnapshotResponse:
         updated = await self.evals.put_snapshot(
-            caller().tenant, request.agent, _obj(request.snapshot), request.request_id
+            caller().tenant, request.agent, _obj(request.snapshot, "snapshot"), request.request_id
         )
         return evals_pb2.PutAbSnapshotResponse(update_time=_ts(updated))
 

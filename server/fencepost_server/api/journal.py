@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -12,12 +13,19 @@ from fencepost.v1 import journal_pb2, journal_pb2_grpc, store_api_pb2, store_api
 
 from ..domain.journal import ArchiveInfo, Journal, check_envelope
 from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
+from .fields import check_json_struct
 
 
 def _archive(info: ArchiveInfo) -> journal_pb2.Archive:
     ts = timestamp_pb2.Timestamp()
     ts.FromMilliseconds(info.rotated_ms)
     return journal_pb2.Archive(name=info.name, size_bytes=info.size, record_count=info.records, rotate_time=ts)
+
+
+def _record(record: journal_pb2.TurnRecord, field: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    for name in ("usage", "extra"):
+        check_json_struct(getattr(record, name), f"{field}.{name}")
+    return record_parts(record)
 
 
 class JournalServicer(ServicerBase, journal_pb2_grpc.JournalServiceServicer):
@@ -29,7 +37,7 @@ class JournalServicer(ServicerBase, journal_pb2_grpc.JournalServiceServicer):
     async def AppendTurn(
         self, request: journal_pb2.AppendTurnRequest, context: grpc.aio.ServicerContext
     ) -> journal_pb2.AppendTurnResponse:
-        fields, extra = record_parts(request.record)
+        fields, extra = _record(request.record, "record")
         record_id = await self.journal.append(caller().tenant, request.agent, fields, extra, request.request_id)
         return journal_pb2.AppendTurnResponse(record_id=record_id)
 
@@ -76,7 +84,7 @@ class StoreApiServicer(ServicerBase, store_api_pb2_grpc.StoreApiServiceServicer)
         tenant = caller().tenant
         if payload == "memory_append":
             body = request.memory_append
-            fields, extra = record_parts(body.record)
+            fields, extra = _record(body.record, "memory_append.record")
             record_id = await self.journal.append(
                 tenant, body.agent, fields, extra, request.request_id, field_prefix="memory_append."
             )

@@ -5,23 +5,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from fencepost.v1 import ledger_pb2 as pb
 from fencepost.v1 import ledger_pb2_grpc
 
 from ..domain.ledger import InboxEvent, LeaseState, Ledger, SessionView
 from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
+from .fields import duration_seconds
 
 
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
     return ts
-
-
-def _secs(d: duration_pb2.Duration) -> float:
-    return d.seconds + d.nanos / 1e9
 
 
 def _lease(st: LeaseState | None, now: float) -> pb.Lease | None:
@@ -71,7 +68,7 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
         items, token = await self.ledger.list_sessions(
-            caller().tenant, request.agent, request.max_sessions, _secs(request.max_age),
+            caller().tenant, request.agent, request.max_sessions, duration_seconds(request, "max_age"),
             request.max_total_bytes, request.page_size, request.page_token,
         )
         return pb.ListSessionsResponse(
@@ -97,14 +94,16 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
         self, request: pb.AcquireLeaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcquireLeaseResponse:
         st = await self.ledger.acquire(
-            caller().tenant, request.session_id, request.holder_id, _secs(request.ttl), request.generation
+            caller().tenant, request.session_id, request.holder_id, duration_seconds(request, "ttl"),
+            request.generation,
         )
         return pb.AcquireLeaseResponse(lease=_lease(st, self.ledger.clock()))
 
     @unary
     async def RenewLease(self, request: pb.RenewLeaseRequest, context: grpc.aio.ServicerContext) -> pb.RenewLeaseResponse:
         st = await self.ledger.renew(
-            caller().tenant, request.session_id, request.generation, _secs(request.ttl), request.holder_id
+            caller().tenant, request.session_id, request.generation, duration_seconds(request, "ttl"),
+            request.holder_id,
         )
         return pb.RenewLeaseResponse(lease=_lease(st, self.ledger.clock()))
 
@@ -135,7 +134,7 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
         out = await self.ledger.deliver(
             caller().tenant, agent=request.agent, session_key=request.session_key,
             session_id=request.session_id, payload=request.payload, dedupe_key=request.dedupe_key,
-            try_lease=request.try_lease, ttl=_secs(request.ttl),
+            try_lease=request.try_lease, ttl=duration_seconds(request, "ttl"),
         )
         return pb.DeliverResponse(
             session_id=out.session_id, inbox_id=out.inbox_id, duplicate=out.duplicate,
@@ -158,9 +157,9 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
 
     @unary
     async def ClaimOrphan(self, request: pb.ClaimOrphanRequest, context: grpc.aio.ServicerContext) -> pb.ClaimOrphanResponse:
-        wait = min(_secs(request.wait), 60.0)
+        wait = min(duration_seconds(request, "wait"), 60.0)
         view = await self.ledger.janitor.claim(
-            caller().tenant, request.holder_id or "", _secs(request.ttl), wait, request.agent
+            caller().tenant, request.holder_id or "", duration_seconds(request, "ttl"), wait, request.agent
         )
         if view is None:
             return pb.ClaimOrphanResponse(found=False)

@@ -13,6 +13,7 @@ from ..domain.errors import InvalidArgument
 from ..domain.memory import Entry, EntryView, MemoryStore, NewEntry, Topic
 from ..domain.memory import rules
 from .base import Authenticator, RpcObserver, ServicerBase, caller, require_operator, unary
+from .fields import check_json_struct, timestamp_micros
 
 _VALIDITY = {rules.CURRENT: pb.MEMORY_VALIDITY_CURRENT, rules.NOT_YET_VALID: pb.MEMORY_VALIDITY_NOT_YET_VALID,
              rules.EXPIRED: pb.MEMORY_VALIDITY_EXPIRED}
@@ -38,10 +39,7 @@ def _enum_number(name: str | None, names: tuple[str, ...]) -> int:
 
 
 def _micros(msg: object, field: str) -> int | None:
-    if not msg.HasField(field):  # type: ignore[attr-defined]
-        return None
-    ts: timestamp_pb2.Timestamp = getattr(msg, field)
-    return int(ts.ToMicroseconds())
+    return timestamp_micros(msg, field)
 
 
 def _ts(micros: int) -> timestamp_pb2.Timestamp:
@@ -50,9 +48,10 @@ def _ts(micros: int) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def _metadata(msg: object) -> dict[str, object] | None:
+def _metadata(msg: object, field: str = "metadata") -> dict[str, object] | None:
     if not msg.HasField("metadata"):  # type: ignore[attr-defined]
         return None
+    check_json_struct(msg.metadata, field)  # type: ignore[attr-defined]
     return json_format.MessageToDict(msg.metadata) or None  # type: ignore[attr-defined]
 
 
@@ -96,7 +95,7 @@ def _imported(i: int, m: pb.MemoryEntry) -> Entry:
         id=m.id, content=m.content, created_at=_micros(m, "created_at") or 0,
         kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind", strict=False),
         about=tuple(m.about), valid_from=_micros(m, "valid_from"), valid_until=_micros(m, "valid_until"),
-        supersedes=m.supersedes or None, metadata=_metadata(m),
+        supersedes=m.supersedes or None, metadata=_metadata(m, f"{where}.metadata"),
         session_id=m.provenance.session_id, channel=m.provenance.channel,
         trust=_enum_name(m.provenance.trust, rules.TRUST_LEVELS, f"{where}.provenance.trust", strict=False),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -47,6 +48,7 @@ from .keys import TenantKeys
 from .limits import Limits
 from .prefix import delete_prefix
 from .paging import decode_token, encode_token, page_size
+from .requests import RequestLog
 from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.journal")
@@ -226,10 +228,12 @@ class Journal:
         config: JournalConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        requests: RequestLog | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits
         self.config = config or JournalConfig()
+        self.requests = requests or RequestLog(storage)
         self.clock = clock
         self.ids = IdSource(clock)
         # (tenant, agent) -> [monotonic time of the first unflushed append, bytes]
@@ -275,14 +279,27 @@ class Journal:
         *,
         field_prefix: str = "",
     ) -> str:
-        """Journal one record: validate, then one blind write. Returns the id."""
+        """Journal one record: validate, then one write. Returns the id.
+
+        Without a request id the write is blind (no read, no condition). With
+        one, the tail item and the request-id marker land in one transaction:
+        a retry gets the first attempt's record id back, and the same id with a
+        different record is REQUEST_ID_REUSED (never acked)."""
         check_agent(agent, field_prefix + "agent")
         line = self.encode_record(fields, extra, field_prefix + "record")
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id")
         entry = Entry(self.ids.next(), request_id, line)
         keys = _Keys(tenant, agent)
-        await self.storage.put(keys.tail + entry.id, entry.encode())
+        if not request_id:
+            await self.storage.put(keys.tail + entry.id, entry.encode())
+        else:
+            fingerprint = hashlib.sha256(b"journal.append\x00%s\x00%s" % (agent.encode(), line)).digest()
+            result = await self.requests.transact(
+                tenant, request_id, fingerprint, [], [Put(keys.tail + entry.id, entry.encode())], note=entry.id
+            )
+            if result.replayed:
+                return result.note
         self._note(tenant, agent, len(line) + 1)
         return entry.id
 

@@ -169,7 +169,7 @@ class KvStore:
         """etcd-style Txn: when every compare holds apply `success`, else `failure`,
         atomically. The failure branch is applied conditioned on the exact state
         that made the compares fail, so the decision and the writes are atomic."""
-        self._check_txn(compares, success, failure)
+        self._check_txn(compares, success, failure, request_id)
         keys = TenantKeys(tenant)
         cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
         success_s = [_scope_write(keys, w) for w in success]
@@ -208,11 +208,11 @@ class KvStore:
         result = await self.requests.transact(tenant, request_id, fp, [], [write])
         if result.applied:
             return CasOutcome(True, result.versions[0] or "")
-        return CasOutcome(False, await self._current_version(write.key))
-
-    async def _current_version(self, scoped: str) -> str:
-        item = await self.storage.get(scoped)
-        return item.version if item else ""
+        # The version that refused the write, read by the backend in the same
+        # atomic step: a read after the refusal could see a later write (or a
+        # delete: "not applied, key absent", which no atomic order allows).
+        refused_by = (result.found or {}).get(0)
+        return CasOutcome(False, refused_by.version if refused_by else "")
 
     def _check_version(self, expected: str) -> None:
         if not expected:
@@ -220,7 +220,12 @@ class KvStore:
                 reasons.VERSION_INVALID, "expected_version must not be empty", field="expected_version"
             )
 
-    def _check_txn(self, compares: Sequence[Compare], success: Sequence[Write], failure: Sequence[Write]) -> None:
+    def _check_txn(
+        self, compares: Sequence[Compare], success: Sequence[Write], failure: Sequence[Write], request_id: str
+    ) -> None:
+        # A request id's marker travels in the same backend transaction (a
+        # check of the previous window and the marker itself): two operations.
+        marker_ops = 2 if request_id else 0
         for i, c in enumerate(compares):
             check_key(c.key, self.limits, f"compares[{i}].key")
         for name, branch in (("success_ops", success), ("failure_ops", failure)):
@@ -238,13 +243,14 @@ class KvStore:
                         {"key": w.key}, field=name,
                     )
                 seen.add(w.key)
-            ops = len(compares) + len(branch)
-            # +2 leaves room for the request-id marker and its previous-window check.
-            if ops + 2 > self.limits.max_txn_ops:
+            ops = len(compares) + len(branch) + marker_ops
+            limit = self.limits.max_txn_ops
+            if ops > limit:
+                with_marker = " (a request_id takes 2 of them)" if marker_ops else ""
                 raise InvalidArgument(
                     reasons.TXN_TOO_LARGE,
-                    f"transaction has {ops} operations, over the limit of {self.limits.max_txn_ops - 2}",
-                    {"limit": self.limits.max_txn_ops - 2, "size": ops}, field=name,
+                    f"transaction has {ops} operations{with_marker}, over the limit of {limit}",
+                    {"limit": limit, "size": ops}, field=name,
                 )
             size += sum(len(c.key.encode()) + len(c.expect.value or b"") for c in compares)
             if size > self.limits.max_txn_bytes:

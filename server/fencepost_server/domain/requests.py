@@ -47,12 +47,14 @@ class RequestLog:
         checks: Sequence[Check],
         writes: Sequence[Write],
         failed: Sequence[int] = (),
+        note: str = "",
     ) -> TxnResult:
         """Run the transaction once per request id. A retry of an applied
         request returns the first outcome (`replayed = True`, the versions the
         first attempt wrote, and the `failed` it was applied with — a Txn's
         failure branch records its failed compares); otherwise the
-        transaction's result (marker excluded)."""
+        transaction's result (marker excluded). `note` is recorded with the
+        marker and handed back on a replay (e.g. the id the first attempt minted)."""
         if not request_id:
             return await self.storage.transact(checks, writes)
         if len(request_id) > 128:
@@ -67,7 +69,10 @@ class RequestLog:
         bucket = int(self.clock()) // BUCKET_SECONDS
         current = self._marker(bucket, tenant, request_id)
         previous = self._marker(bucket - 1, tenant, request_id)
-        marker = fingerprint + _SEP + json.dumps({"v": versions, "f": list(failed)}).encode()
+        outcome: dict[str, object] = {"v": versions, "f": list(failed)}
+        if note:
+            outcome["n"] = note
+        marker = fingerprint + _SEP + json.dumps(outcome).encode()
         result = await self.storage.transact(
             [*checks, Check(previous, Expect(exists=False))],
             [*writes, Put(current, marker, Expect(exists=False))],
@@ -76,8 +81,11 @@ class RequestLog:
             return TxnResult(True, result.versions[:-1])
         marker_indexes = {len(checks), len(checks) + 1 + len(writes)}
         if marker_indexes.isdisjoint(result.failed):
-            caller_failed = tuple(i if i < len(checks) else i - 1 for i in result.failed)
-            return TxnResult(False, failed=caller_failed)
+            def caller_index(i: int) -> int:
+                return i if i < len(checks) else i - 1
+
+            found = {caller_index(i): item for i, item in (result.found or {}).items() if i not in marker_indexes}
+            return TxnResult(False, failed=tuple(caller_index(i) for i in result.failed), found=found)
         for key in (current, previous):
             found = await self.storage.get(key)
             if found is not None:
@@ -89,10 +97,13 @@ class RequestLog:
                         "request_id was already used for a different request",
                         {"request_id": request_id}, field="request_id",
                     )
-                outcome = json.loads(first)
-                return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True)
+                first_outcome = json.loads(first)
+                return TxnResult(
+                    True, tuple(first_outcome["v"]), tuple(first_outcome["f"]), replayed=True,
+                    note=first_outcome.get("n", ""),
+                )
         # The marker vanished between the two calls (swept): treat as not seen.
-        return await self.transact(tenant, request_id, fingerprint, checks, writes, failed)
+        return await self.transact(tenant, request_id, fingerprint, checks, writes, failed, note)
 
     async def sweep(self, batch: int = 500) -> int:
         """Delete markers older than the dedupe window; returns how many."""

@@ -141,6 +141,11 @@ class TxnResult:
     count: int | None = None
     #: set by the request-id log: this result is the first outcome of a retried request
     replayed: bool = False
+    #: set by the request-id log on a replay: the note the first attempt recorded
+    note: str = ""
+    #: for each failed index whose condition named a key, the item that failed
+    #: it (None: absent), read in the same atomic step as the decision
+    found: dict[int, Item | None] | None = None
 
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:

@@ -124,7 +124,7 @@ class MemoryStorage(Storage):
             if expect is not None and not expect.holds(self._items.get(key))
         )
         if failed:
-            return TxnResult(False, failed=failed)
+            return TxnResult(False, failed=failed, found={i: self._items.get(conditions[i][0]) for i in failed})
         versions: list[str | None] = []
         for w in writes:
             if isinstance(w, Put):

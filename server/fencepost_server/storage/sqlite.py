@@ -328,12 +328,13 @@ class SqliteStorage(Storage):
 
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
             conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
+            current = [_read_item(conn, key) if expect is not None else None for key, expect in conditions]
             failed = tuple(
-                i for i, (key, expect) in enumerate(conditions)
-                if expect is not None and not expect.holds(_read_item(conn, key))
+                i for i, (_, expect) in enumerate(conditions)
+                if expect is not None and not expect.holds(current[i])
             )
             if failed:
-                return TxnResult(False, failed=failed)
+                return TxnResult(False, failed=failed, found={i: current[i] for i in failed})
             versions: list[str | None] = []
             for w in writes:
                 if isinstance(w, Put):

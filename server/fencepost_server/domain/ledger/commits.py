@@ -76,16 +76,17 @@ class CommitMethods(ActivityMethods):
         consume: Sequence[str] = (),
         commit_id: str = "",
     ) -> CommitResult:
-        if len(records) > MAX_RECORDS or len(consume) > MAX_CONSUMED:
-            # `limit` / `size`: the bound that binds and the count seen, as for bytes
-            limit, size = (MAX_RECORDS, len(records)) if len(records) > MAX_RECORDS else (MAX_CONSUMED, len(consume))
-            raise InvalidArgument(
-                reasons.COMMIT_TOO_LARGE,
-                f"a commit holds at most {MAX_RECORDS} records and {MAX_CONSUMED} consumed ids "
-                f"(got {len(records)} and {len(consume)})",
-                {"records": len(records), "consumed": len(consume),
-                 "max_records": MAX_RECORDS, "max_consumed": MAX_CONSUMED, "limit": limit, "size": size},
-            )
+        for field_name, count, cap in (("records", len(records), MAX_RECORDS),
+                                       ("consume_inbox_ids", len(consume), MAX_CONSUMED)):
+            if count > cap:
+                raise InvalidArgument(
+                    reasons.COMMIT_TOO_LARGE,
+                    f"a commit holds at most {MAX_RECORDS} records and {MAX_CONSUMED} consumed ids "
+                    f"(got {len(records)} and {len(consume)})",
+                    {"limit": cap, "size": count, "records": len(records), "consumed": len(consume),
+                     "max_records": MAX_RECORDS, "max_consumed": MAX_CONSUMED},
+                    field=field_name,
+                )
         for i, rec in enumerate(records):
             if len(rec) > self.limits.max_value_bytes:
                 raise limit_error(

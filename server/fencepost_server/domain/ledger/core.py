@@ -144,7 +144,10 @@ class LedgerBase:
         return SessionKeys(tenant, sid)
 
     def ttl(self, ttl: float | None) -> float:
-        if ttl is None or ttl <= 0:
+        """The lease time to live to grant: unset (0) is the default, negative is refused."""
+        if ttl is not None and ttl < 0:
+            raise bad("ttl", f"ttl must not be negative (got {ttl}s)")
+        if ttl is None or ttl == 0:
             return self.config.default_ttl
         if ttl > self.config.max_ttl:
             raise bad("ttl", f"ttl {ttl}s is over the maximum of {self.config.max_ttl}s")

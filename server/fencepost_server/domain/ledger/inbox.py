@@ -26,7 +26,7 @@ from .layout import (
     session_not_found,
 )
 from .leases import LeaseMethods
-from .sessions import SessionMethods, check_name
+from .sessions import SessionMethods, check_agent
 
 _ATTEMPTS = 4
 
@@ -68,12 +68,14 @@ class InboxMethods(SessionMethods, LeaseMethods):
                               field="payload")
         if len(dedupe_key) > 1024:
             raise bad("dedupe_key", "dedupe_key is longer than 1024 characters")
+        if try_lease:
+            ttl = self.ttl(ttl)  # type: ignore[attr-defined]  # refused before anything is parked
         if session_id:
             sid = session_id
             sk = self.keys(tenant, sid)
             inbox_id, duplicate = await self._park(sk, payload, dedupe_key)
         else:
-            check_name(agent, "agent")
+            check_agent(agent)
             sid, _ = await self.open_id(tenant, agent, session_key)
             try:
                 inbox_id, duplicate = await self._park(self.keys(tenant, sid), payload, dedupe_key)

@@ -36,7 +36,8 @@ from ..errors import NotFound
 from ..paging import decode_token, encode_token, page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
-from .sessions import SessionMethods, SessionSummary, check_name
+from .core import bad
+from .sessions import SessionMethods, SessionSummary, check_agent
 
 DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_MAX_AGE = 30 * 86400.0
@@ -78,8 +79,11 @@ class ListingMethods(SessionMethods):
     ) -> tuple[list[SessionSummary], str]:
         """Newest activity first, until max_sessions, max_age or max_total_bytes
         binds (exactly, across pages)."""
-        check_name(agent, "agent")
+        check_agent(agent)
         limit = page_size(self.limits, size)
+        for name, cap in (("max_sessions", max_sessions), ("max_age", max_age), ("max_total_bytes", max_total_bytes)):
+            if cap < 0:
+                raise bad(name, f"{name} must not be negative (got {cap}); 0 means the default")
         max_sessions = max_sessions if max_sessions > 0 else DEFAULT_MAX_SESSIONS
         max_age = max_age if max_age > 0 else DEFAULT_MAX_AGE
         max_total_bytes = max_total_bytes if max_total_bytes > 0 else DEFAULT_MAX_BYTES

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fencepost import reasons
 
 from ...storage import Check, Delete, Expect, Item, Put, Write
-from ..errors import Code, DomainError, NotFound
+from ..errors import Code, DomainError, NotFound, limit_error
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
 from .core import SessionView, bad
 from .layout import (
@@ -38,11 +38,23 @@ class SessionSummary:
     total_bytes: int
 
 
+#: an agent name is part of every session id of the agent (and so of every key
+#: of its sessions): bounded so those keys fit every backend's key limits
+MAX_AGENT_BYTES = 256
+
+
 def check_name(value: str, field_name: str) -> None:
     if not value:
         raise bad(field_name, f"{field_name} must not be empty")
     if "\x00" in value:
         raise bad(field_name, f"{field_name} must not contain NUL")
+
+
+def check_agent(agent: str) -> None:
+    check_name(agent, "agent")
+    size = len(agent.encode("utf-8", "surrogatepass"))
+    if size > MAX_AGENT_BYTES:
+        raise limit_error(reasons.FIELD_INVALID, "agent", MAX_AGENT_BYTES, size, field="agent")
 
 
 class SessionMethods(ActivityMethods):
@@ -60,6 +72,17 @@ class SessionMethods(ActivityMethods):
             Put(sk.head, seq_value(seq)),
             *creation_writes(sk, act),
         ], act.act_value()
+
+    def _check_meta_size(self, meta: Meta) -> None:
+        """The session's record (its key, agent and metadata) must fit a value."""
+        key_size = len(meta.key.encode())
+        if key_size > self.limits.max_key_bytes:
+            raise limit_error(reasons.FIELD_INVALID, "session_key", self.limits.max_key_bytes, key_size,
+                              field="session_key")
+        size = len(meta.encode())
+        if size > self.limits.max_value_bytes:
+            raise limit_error(reasons.FIELD_INVALID, "the session's metadata", self.limits.max_value_bytes, size,
+                              field="metadata")
 
     async def listing_keys(self, sk: SessionKeys) -> list[str]:
         """Every key the restore listing (ListSessions) keeps for one session:
@@ -115,7 +138,7 @@ class SessionMethods(ActivityMethods):
         self, tenant: str, agent: str, session_key: str, metadata: dict[str, str] | None = None
     ) -> tuple[str, SessionView | None]:
         """The session id; with the new session's view when this call created it."""
-        check_name(agent, "agent")
+        check_agent(agent)
         check_name(session_key, "session_key")
         sid = await self._sid_for(tenant, agent, session_key)
         if sid is not None:
@@ -124,6 +147,7 @@ class SessionMethods(ActivityMethods):
         sid = new_session_id(agent)
         sk = SessionKeys(tenant, sid, agent)
         meta = Meta(sid, agent, session_key, self.clock(), "", 0, dict(metadata or {}))
+        self._check_meta_size(meta)
         writes, act = self._create_writes(sk, meta, idkey, 0, 0)
         res = await self.storage.transact((), writes)
         if not res.applied:
@@ -143,7 +167,7 @@ class SessionMethods(ActivityMethods):
         )
 
     async def resolve(self, tenant: str, agent: str, session_key: str) -> SessionView:
-        check_name(agent, "agent")
+        check_agent(agent)
         check_name(session_key, "session_key")
         for attempt in range(2):
             sid = await self._sid_for(tenant, agent, session_key)

@@ -324,30 +324,31 @@ def select_injection(
     pinned_ids = {e.id for e in core}
     recent: list[Entry] = []
     size = 0
-    for e in reversed(current_chrono):
+    for e in sorted(current_chrono, key=recall_key):
         if e.id in pinned_ids:
             continue
         if len(recent) >= RECENT_MAX_ENTRIES or size + e.content_bytes > RECENT_MAX_BYTES:
             break
         recent.append(e)
         size += e.content_bytes
-    recent.reverse()
+    recent.sort(key=chronology_key)
     return Injection(core, kept, recent, "".join(lines))
 
 
 # -- bounded reads -------------------------------------------------------------------
 def bound_newest(chrono: Sequence[Entry], limit: int, max_bytes: int = READ_MAX_BYTES) -> tuple[list[Entry], bool]:
-    """The newest `limit` entries within `max_bytes` of content, oldest first,
-    and whether more existed."""
+    """The newest `limit` entries within `max_bytes` of content (picked newest
+    first, ties on created_at by id ascending), presented oldest first, and
+    whether more existed."""
     out: list[Entry] = []
     size = 0
-    for e in reversed(chrono):
+    for e in sorted(chrono, key=recall_key):
         if len(out) >= limit or size + e.content_bytes > max_bytes:
-            out.reverse()
+            out.sort(key=chronology_key)
             return out, True
         out.append(e)
         size += e.content_bytes
-    out.reverse()
+    out.sort(key=chronology_key)
     return out, False
 
 

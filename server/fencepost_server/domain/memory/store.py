@@ -315,12 +315,10 @@ class MemoryStore:
         def decide(folded: Fold, at: int) -> _Decision:
             if self._replayed(folded, request_id, fp) is not None:
                 return _Decision([], lambda f: True)
-            if kind == FORGET:
-                ok = folded.is_live(entry_id, at)
-            elif kind == UNPIN:
+            if kind == UNPIN:
                 ok = entry_id in folded.pins
-            else:
-                ok = entry_id in folded.entries and entry_id not in folded.tombstoned
+            else:  # forget and reassert-trust touch only a live entry (seed 003)
+                ok = folded.is_live(entry_id, at)
             if not ok:
                 return _Decision([], lambda f: False)
             rec: dict[str, Any] = {"t": kind, "id": entry_id, "at": at}

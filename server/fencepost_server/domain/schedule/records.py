@@ -32,6 +32,9 @@ from dataclasses import dataclass, field, replace
 STREAM = "schedule/change"
 VERSION = 1
 MAX_AFTER_SECONDS = 2**53 - 1  # the largest safe integer (JSON / JavaScript)
+#: 9999-12-31T23:59:59.999Z: the last millisecond a google.protobuf.Timestamp holds
+#: (and well inside what every JSON reader gets back exactly)
+MAX_SCHEDULED_AT_MS = 253_402_300_799_999
 ID_PREFIX = "rem_"
 
 _ID = re.compile(r"^rem_([1-9][0-9]{0,18})$")
@@ -81,6 +84,16 @@ def format_id(n: int) -> str:
 
 def is_safe_positive(value: object) -> bool:
     return type(value) is int and 1 <= value <= MAX_AFTER_SECONDS
+
+
+def is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate: JSON's `\\ud800` escape decodes
+    to one, and it can be neither encoded as UTF-8 nor sent as a proto string."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # -- encoding ---------------------------------------------------------------------
@@ -145,12 +158,14 @@ def decode(envelope: dict[str, object]) -> Change:
     prompt = record["prompt"]
     if not isinstance(prompt, str) or not prompt or prompt != prompt.strip():
         raise RecordError("prompt must be a non-empty trimmed string")
+    if not is_unicode(prompt):
+        raise RecordError("prompt holds a lone surrogate (a \\uD800-\\uDFFF escape): not Unicode text")
     after = record["after_seconds"]
     if not is_safe_positive(after):
         raise RecordError(f"after_seconds {after!r} is not a positive safe integer")
     at = record["scheduled_at"]
-    if type(at) is not int or at < 0:
-        raise RecordError(f"scheduled_at {at!r} is not a non-negative integer (unix ms)")
+    if type(at) is not int or not 0 <= at <= MAX_SCHEDULED_AT_MS:
+        raise RecordError(f"scheduled_at {at!r} is not an instant in 1970..9999 (unix ms)")
     assert isinstance(after, int)
     return Create(rid, prompt, after, at)
 
@@ -240,6 +255,10 @@ class Fold:
     def reminders(self) -> list[Reminder]:
         """Active reminders in id order."""
         return sorted(self.active.values(), key=lambda r: id_number(r.id) or 0)
+
+    def by_target(self) -> list[Reminder]:
+        """Active reminders earliest target first (ties in id order)."""
+        return sorted(self.active.values(), key=lambda r: (r.scheduled_at_ms, id_number(r.id) or 0))
 
 
 def fold(records: list[tuple[int, bytes]], seed_length: int = 0) -> Fold:

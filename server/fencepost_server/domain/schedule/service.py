@@ -34,6 +34,7 @@ from ..ledger.layout import gen_value, parse_seq, session_not_found
 from ..paging import decode_token, encode_token, page_size
 from .records import (
     MAX_AFTER_SECONDS,
+    MAX_SCHEDULED_AT_MS,
     Change,
     Create,
     Delete,
@@ -205,6 +206,12 @@ class Schedule:
 
         def decide(f: Fold) -> Change:
             scheduled = self.now_ms() + after * 1000
+            if scheduled > MAX_SCHEDULED_AT_MS:
+                raise invalid(
+                    f"after_seconds {after} puts the reminder past 9999-12-31, the last instant a reminder can hold",
+                    "after_seconds", {"after_seconds": after, "scheduled_at_ms": scheduled,
+                                      "max_scheduled_at_ms": MAX_SCHEDULED_AT_MS},
+                )
             return Create(f.next_id(), text, after, scheduled)
 
         _, change, seq = await self._write(tenant, sid, generation, decide)
@@ -247,7 +254,7 @@ class Schedule:
                 f = await self.fold(tenant, sid)
                 now = self.now_ms()  # re-read on every wake: never fire early
                 waiting = []
-                for r in f.reminders():
+                for r in f.by_target():  # earliest target first
                     if r.id in sent:
                         continue
                     if r.due(now):

@@ -376,7 +376,9 @@ class DynamoStorage(Storage):
             _, key_attrs = self.codec.key_attributes(check.key)
             condition = Condition.of(check.expect)
             entries.append(
-                {"ConditionCheck": condition.apply({"TableName": self.table, "Key": key_attrs})}
+                {"ConditionCheck": condition.apply({
+                    "TableName": self.table, "Key": key_attrs, "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                })}
                 if condition.clauses else None
             )
         for write in writes:
@@ -393,7 +395,10 @@ class DynamoStorage(Storage):
                     new_partitions.append(partition)
             else:
                 assert isinstance(write, Delete)
-                entries.append({"Delete": condition.apply({"TableName": self.table, "Key": key_attrs})})
+                body = {"TableName": self.table, "Key": key_attrs}
+                if condition.clauses:
+                    body["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+                entries.append({"Delete": condition.apply(body)})
                 versions.append(None)
         operations = [(i, e) for i, e in enumerate(entries) if e is not None]
         if not any(e for _, e in operations if "ConditionCheck" not in e):
@@ -420,7 +425,7 @@ class DynamoStorage(Storage):
                     return TxnResult(True, tuple(versions))
                 if after_ambiguous:
                     raise Ambiguous("a condition no longer holds; an earlier attempt may have applied") from exc
-                return TxnResult(False, failed=failed)
+                return TxnResult(False, failed=failed, found=_found(reasons, operations))
             self._remember(new_partitions)
             return TxnResult(True, tuple(versions))
 
@@ -441,10 +446,8 @@ class DynamoStorage(Storage):
                 if not failed:
                     raise
                 reasons = exc.response.get("CancellationReasons") or []
-                return TxnResult(False, failed=tuple(
-                    i for n, (i, _) in enumerate(operations)
-                    if n < len(reasons) and reasons[n].get("Code") == _CONDITION_FAILED
-                ))
+                found = _found(reasons, operations)
+                return TxnResult(False, failed=tuple(found), found=found)
             return TxnResult(True, tuple(versions))
 
         return await with_retries(self.retry, attempt, what="TransactWriteItems", write=False)
@@ -459,6 +462,16 @@ class DynamoStorage(Storage):
                 what="TransactWriteItems", write=True,
             )
         self._remember(partitions)
+
+
+def _found(reasons: list[dict[str, Any]], operations: list[tuple[int, dict[str, Any]]]) -> dict[int, Item | None]:
+    """For each operation whose condition failed, the item that failed it
+    (ALL_OLD comes back with the cancellation: the same atomic step)."""
+    return {
+        op_index: _failure_item(reasons[n].get("Item"))
+        for n, (op_index, _) in enumerate(operations)
+        if n < len(reasons) and reasons[n].get("Code") == _CONDITION_FAILED
+    }
 
 
 def _failure_item(attrs: dict[str, Any] | None) -> Item | None:

@@ -2014,7 +2014,9 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
  * - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
  *   Fix the name.
  * - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
- *   malformed (the BadRequest field violation names it). Fix the request.
+ *   malformed, or the request does not decode (a string that is not valid
+ *   UTF-8, a truncated message); the BadRequest field violation names it.
+ *   Fix the request.
  * - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
  *   (metadata `limit`, `size`). Use shorter ids.
  * - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the

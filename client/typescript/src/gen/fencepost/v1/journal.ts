@@ -124,8 +124,9 @@ export interface AppendTurnRequest {
     | TurnRecord
     | undefined;
   /**
-   * AIP-155 request id: appends retried with the same id are journaled at
-   * most once as far as any read is concerned (the SDK fills one in).
+   * AIP-155 request id: an append retried with the same id and record is
+   * journaled once and answered with the first record id; the same id with
+   * a different record is REQUEST_ID_REUSED (the SDK fills one in).
    */
   requestId: string;
 }
@@ -1360,6 +1361,9 @@ export const ReadArchiveResponse: MessageFns<ReadArchiveResponse> = {
  * reason below, domain "fencepost.dev", and the variables in metadata):
  * - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is not one key segment
  *   (1..256 characters, no slash or backslash, not `.` or `..`). Fix the name.
+ * - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+ *   field that is not valid UTF-8, a truncated message): metadata `field`
+ *   and a BadRequest field violation name the field. Fix the request.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
  *   Retry with backoff.
  * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
@@ -1378,7 +1382,10 @@ export const JournalServiceService = {
    * record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
    * the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
    * (a required field is empty, `status` is unspecified, or an `extra` key
-   * shadows a typed field; see the BadRequest field violation).
+   * shadows a typed field; see the BadRequest field violation);
+   * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+   * different record: nothing was written; use a fresh id). A retry with the
+   * same request_id and record returns the first attempt's record id.
    */
   appendTurn: {
     path: "/fencepost.v1.JournalService/AppendTurn" as const,
@@ -1446,7 +1453,10 @@ export interface JournalServiceServer extends UntypedServiceImplementation {
    * record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
    * the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
    * (a required field is empty, `status` is unspecified, or an `extra` key
-   * shadows a typed field; see the BadRequest field violation).
+   * shadows a typed field; see the BadRequest field violation);
+   * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+   * different record: nothing was written; use a fresh id). A retry with the
+   * same request_id and record returns the first attempt's record id.
    */
   appendTurn: handleUnaryCall<AppendTurnRequest, AppendTurnResponse>;
   /**
@@ -1481,7 +1491,10 @@ export interface JournalServiceClient extends Client {
    * record's compact JSON is over 16 KiB; metadata `limit`, `size`: shorten
    * the text fields; nothing was written); INVALID_ARGUMENT / FIELD_INVALID
    * (a required field is empty, `status` is unspecified, or an `extra` key
-   * shadows a typed field; see the BadRequest field violation).
+   * shadows a typed field; see the BadRequest field violation);
+   * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
+   * different record: nothing was written; use a fresh id). A retry with the
+   * same request_id and record returns the first attempt's record id.
    */
   appendTurn(
     request: AppendTurnRequest,

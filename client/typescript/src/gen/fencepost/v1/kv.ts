@@ -2550,7 +2550,12 @@ export const TxnResponse: MessageFns<TxnResponse> = {
  *
  * Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
  * reason below, domain "fencepost.dev", and the variables in metadata):
- * - INVALID_ARGUMENT / KEY_INVALID: the key is empty or contains NUL. Fix the key.
+ * - INVALID_ARGUMENT / KEY_INVALID: the key is empty, contains NUL or is not
+ *   valid UTF-8 on the wire (a BadRequest field violation names the field).
+ *   Fix the key.
+ * - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+ *   field that is not valid UTF-8, a truncated message): metadata `field`
+ *   and a BadRequest field violation name the field. Fix the request.
  * - INVALID_ARGUMENT / KEY_TOO_LONG: the key is over the key limit (metadata
  *   `limit`, `size`). Shorten or hash the key (see encode_segment).
  * - INVALID_ARGUMENT / VALUE_TOO_LARGE: the value is over the value limit.
@@ -2701,11 +2706,13 @@ export const KvServiceService = {
    * Txn evaluates every compare; when all hold it applies `success_ops`,
    * otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
    * `succeeded = false`, not an error.
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-   * operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-   * TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-   * as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-   * concurrent writers: retry the whole transaction).
+   * At most 100 operations: the compares plus the ops of a branch, plus 2
+   * when `request_id` is set (its marker travels in the same atomic write).
+   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * operations or the 4 MiB transaction byte limit; metadata `limit`,
+   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+   * keys kept changing under concurrent writers: retry the whole transaction).
    */
   txn: {
     path: "/fencepost.v1.KvService/Txn" as const,
@@ -2779,11 +2786,13 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * Txn evaluates every compare; when all hold it applies `success_ops`,
    * otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
    * `succeeded = false`, not an error.
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-   * operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-   * TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-   * as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-   * concurrent writers: retry the whole transaction).
+   * At most 100 operations: the compares plus the ops of a branch, plus 2
+   * when `request_id` is set (its marker travels in the same atomic write).
+   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * operations or the 4 MiB transaction byte limit; metadata `limit`,
+   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+   * keys kept changing under concurrent writers: retry the whole transaction).
    */
   txn: handleUnaryCall<TxnRequest, TxnResponse>;
 }
@@ -2966,11 +2975,13 @@ export interface KvServiceClient extends Client {
    * Txn evaluates every compare; when all hold it applies `success_ops`,
    * otherwise `failure_ops`, atomically (as etcd's Txn). A failed compare is
    * `succeeded = false`, not an error.
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (more than the
-   * operation limit, or over the transaction byte limit); INVALID_ARGUMENT /
-   * TXN_DUPLICATE_KEY (one key named twice in one branch); REQUEST_ID_REUSED
-   * as Put; ABORTED / TXN_CONTENDED (the compared keys kept changing under
-   * concurrent writers: retry the whole transaction).
+   * At most 100 operations: the compares plus the ops of a branch, plus 2
+   * when `request_id` is set (its marker travels in the same atomic write).
+   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * operations or the 4 MiB transaction byte limit; metadata `limit`,
+   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
+   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
+   * keys kept changing under concurrent writers: retry the whole transaction).
    */
   txn(request: TxnRequest, callback: (error: ServiceError | null, response: TxnResponse) => void): ClientUnaryCall;
   txn(

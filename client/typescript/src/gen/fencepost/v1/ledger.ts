@@ -135,13 +135,22 @@ export interface GetSessionResponse {
 export interface ListSessionsRequest {
   /** The agent. */
   agent: string;
-  /** At most this many sessions in the whole listing (0 = 1000). */
+  /**
+   * At most this many sessions in the whole listing (0 = 1000; negative is
+   * refused with FIELD_INVALID).
+   */
   maxSessions: number;
-  /** Skip sessions whose last activity is older (unset or zero = 30 days). */
+  /**
+   * Skip sessions whose last activity is older (unset or zero = 30 days;
+   * negative is refused with FIELD_INVALID).
+   */
   maxAge:
     | Duration
     | undefined;
-  /** Stop before the listed sessions' log bytes would exceed this (0 = 1 GiB). */
+  /**
+   * Stop before the listed sessions' log bytes would exceed this (0 = 1 GiB;
+   * negative is refused with FIELD_INVALID).
+   */
   maxTotalBytes: string;
   /** 0 = default (100); at most 1000; negative is an error. */
   pageSize: number;
@@ -195,7 +204,10 @@ export interface AcquireLeaseRequest {
   sessionId: string;
   /** Who asks (a worker id; stored in the lease for diagnostics). */
   holderId: string;
-  /** How long the lease lasts unless renewed (unset = 30 s). */
+  /**
+   * How long the lease lasts unless renewed (unset = 30 s; negative is
+   * refused with FIELD_INVALID).
+   */
   ttl:
     | Duration
     | undefined;
@@ -230,7 +242,7 @@ export interface RenewLeaseRequest {
   sessionId: string;
   /** The generation the caller holds. */
   generation: string;
-  /** The new time to live from now (unset = 30 s). */
+  /** The new time to live from now (unset = 30 s; negative is refused). */
   ttl:
     | Duration
     | undefined;
@@ -345,7 +357,10 @@ export interface DeliverRequest {
   dedupeKey: string;
   /** When set, the holder id that tries the lease after parking. */
   tryLease: string;
-  /** The lease ttl for try_lease (unset = 30 s). */
+  /**
+   * The lease ttl for try_lease (unset = 30 s; negative is refused before
+   * anything is parked).
+   */
   ttl: Duration | undefined;
 }
 
@@ -399,7 +414,7 @@ export interface WatchInboxResponse {
 export interface ClaimOrphanRequest {
   /** Who takes it. */
   holderId: string;
-  /** The lease ttl (unset = 30 s). */
+  /** The lease ttl (unset = 30 s; negative is refused). */
   ttl:
     | Duration
     | undefined;
@@ -4531,8 +4546,9 @@ export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
  * reason below, domain "fencepost.dev", and the variables in metadata):
  * - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
  *   `session_id`). Open or resolve the session again; do not retry as is.
- * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (a BadRequest
- *   field violation names it). Fix the request.
+ * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
+ *   does not decode (a string that is not valid UTF-8, a truncated message);
+ *   a BadRequest field violation names it. Fix the request.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
  *   nothing was applied. Retry with backoff.
  * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -4555,6 +4571,10 @@ export const LedgerServiceService = {
   /**
    * OpenSession creates the session for (agent, session_key), or returns the
    * existing one. Concurrent opens of one key return the same session_id.
+   * `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+   * key of the agent), `session_key` at most 1024, and the session's record
+   * (names plus `metadata`) at most 256 KiB: over any of them is
+   * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
    */
   openSession: {
@@ -4705,7 +4725,8 @@ export const LedgerServiceService = {
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
    * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-   * ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
    * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
@@ -4836,6 +4857,10 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
   /**
    * OpenSession creates the session for (agent, session_key), or returns the
    * existing one. Concurrent opens of one key return the same session_id.
+   * `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+   * key of the agent), `session_key` at most 1024, and the session's record
+   * (names plus `metadata`) at most 256 KiB: over any of them is
+   * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
    */
   openSession: handleUnaryCall<OpenSessionRequest, OpenSessionResponse>;
@@ -4917,7 +4942,8 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
    * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-   * ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
    * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
@@ -4991,6 +5017,10 @@ export interface LedgerServiceClient extends Client {
   /**
    * OpenSession creates the session for (agent, session_key), or returns the
    * existing one. Concurrent opens of one key return the same session_id.
+   * `agent` is at most 256 UTF-8 bytes (it is part of every session id and
+   * key of the agent), `session_key` at most 1024, and the session's record
+   * (names plus `metadata`) at most 256 KiB: over any of them is
+   * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
    */
   openSession(
@@ -5181,7 +5211,8 @@ export interface LedgerServiceClient extends Client {
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
    * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
-   * ids, or over 4 MiB: metadata `limit`, `size`; split the commit),
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
    * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);

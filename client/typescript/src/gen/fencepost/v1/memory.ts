@@ -3823,8 +3823,10 @@ export const MemoryServiceBuildInjectionResponse: MessageFns<MemoryServiceBuildI
  * Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
  * reason below, domain "fencepost.dev", and its variables in metadata):
  * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
- *   an unknown enum, an inverted validity window); see the BadRequest field
- *   violation. Fix the request; do not retry as is.
+ *   an unknown enum, an inverted validity window, a timestamp outside years
+ *   1..9999) or the request does not decode (a string that is not valid
+ *   UTF-8, a truncated message); see the BadRequest field violation. Fix the
+ *   request; do not retry as is.
  * - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
  *   different request of this agent. Use a fresh id.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
@@ -3859,8 +3861,8 @@ export const MemoryServiceService = {
   },
   /**
    * List returns live entries, oldest first. With `limit` it is the bounded
-   * read (the newest `limit` entries within 16384 bytes of content,
-   * presented oldest first); without, it pages through every live entry
+   * read (the newest `limit` entries within 16384 bytes of content, ties on
+   * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    */
   list: {
@@ -3925,8 +3927,8 @@ export const MemoryServiceService = {
     responseDeserialize: (value: Buffer): MemoryServiceAuditResponse => MemoryServiceAuditResponse.decode(value),
   },
   /**
-   * ReassertTrust sets the trust label of an un-tombstoned entry (one
-   * appended record). `found = false` when there is none. Needs the
+   * ReassertTrust sets the trust label of a live entry (un-tombstoned and
+   * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
    */
@@ -4035,7 +4037,9 @@ export const MemoryServiceService = {
    * BuildInjection returns the three disjoint blocks a turn injects: the
    * pinned core (at most 2048 bytes, never pushed out), the topic index (at
    * most 4096 bytes rendered), and the recency tail (at most 8 entries and
-   * 4096 bytes, skipping pinned entries). Errors: the common ones.
+   * 4096 bytes, skipping pinned entries; newest first with ties on
+   * created_at broken by id ascending, presented oldest first).
+   * Errors: the common ones.
    */
   buildInjection: {
     path: "/fencepost.v1.MemoryService/BuildInjection" as const,
@@ -4065,8 +4069,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   append: handleUnaryCall<MemoryServiceAppendRequest, MemoryServiceAppendResponse>;
   /**
    * List returns live entries, oldest first. With `limit` it is the bounded
-   * read (the newest `limit` entries within 16384 bytes of content,
-   * presented oldest first); without, it pages through every live entry
+   * read (the newest `limit` entries within 16384 bytes of content, ties on
+   * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    */
   list: handleUnaryCall<MemoryServiceListRequest, MemoryServiceListResponse>;
@@ -4091,8 +4095,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    */
   audit: handleUnaryCall<MemoryServiceAuditRequest, MemoryServiceAuditResponse>;
   /**
-   * ReassertTrust sets the trust label of an un-tombstoned entry (one
-   * appended record). `found = false` when there is none. Needs the
+   * ReassertTrust sets the trust label of a live entry (un-tombstoned and
+   * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
    */
@@ -4139,7 +4143,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * BuildInjection returns the three disjoint blocks a turn injects: the
    * pinned core (at most 2048 bytes, never pushed out), the topic index (at
    * most 4096 bytes rendered), and the recency tail (at most 8 entries and
-   * 4096 bytes, skipping pinned entries). Errors: the common ones.
+   * 4096 bytes, skipping pinned entries; newest first with ties on
+   * created_at broken by id ascending, presented oldest first).
+   * Errors: the common ones.
    */
   buildInjection: handleUnaryCall<MemoryServiceBuildInjectionRequest, MemoryServiceBuildInjectionResponse>;
 }
@@ -4171,8 +4177,8 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * List returns live entries, oldest first. With `limit` it is the bounded
-   * read (the newest `limit` entries within 16384 bytes of content,
-   * presented oldest first); without, it pages through every live entry
+   * read (the newest `limit` entries within 16384 bytes of content, ties on
+   * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    */
   list(
@@ -4253,8 +4259,8 @@ export interface MemoryServiceClient extends Client {
     callback: (error: ServiceError | null, response: MemoryServiceAuditResponse) => void,
   ): ClientUnaryCall;
   /**
-   * ReassertTrust sets the trust label of an un-tombstoned entry (one
-   * appended record). `found = false` when there is none. Needs the
+   * ReassertTrust sets the trust label of a live entry (un-tombstoned and
+   * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
    */
@@ -4385,7 +4391,9 @@ export interface MemoryServiceClient extends Client {
    * BuildInjection returns the three disjoint blocks a turn injects: the
    * pinned core (at most 2048 bytes, never pushed out), the topic index (at
    * most 4096 bytes rendered), and the recency tail (at most 8 entries and
-   * 4096 bytes, skipping pinned entries). Errors: the common ones.
+   * 4096 bytes, skipping pinned entries; newest first with ties on
+   * created_at broken by id ascending, presented oldest first).
+   * Errors: the common ones.
    */
   buildInjection(
     request: MemoryServiceBuildInjectionRequest,

@@ -117,8 +117,8 @@ export interface Reminder {
   /** The rule: due this many seconds after creation. */
   afterSeconds: string;
   /**
-   * The UTC target, fixed at creation (clamped to 9999-12-31T23:59:59Z when
-   * after_seconds reaches beyond it).
+   * The UTC target, fixed at creation (never past 9999-12-31: later targets
+   * are refused at creation, and rejected in records committed directly).
    */
   scheduledAt:
     | Date
@@ -1917,6 +1917,9 @@ export const WatchDueResponse: MessageFns<WatchDueResponse> = {
  * reason below, domain "fencepost.dev", and the variables in metadata):
  * - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
  *   `session_id`). Open or resolve the session; do not retry as is.
+ * - INVALID_ARGUMENT / FIELD_INVALID: the request does not decode (a string
+ *   field that is not valid UTF-8, a truncated message): metadata `field`
+ *   and a BadRequest field violation name the field. Fix the request.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
  *   nothing was applied. Retry with backoff.
  * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -1935,8 +1938,9 @@ export const ScheduleServiceService = {
    * Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
    * `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
    * after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-   * empty after trimming or after_seconds is missing or outside
-   * 1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+   * empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+   * or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+   * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -2027,7 +2031,8 @@ export const ScheduleServiceService = {
   },
   /**
    * WatchDue streams, for the live lease holder, each active reminder once
-   * when it becomes due (overdue ones first, at once). The server waits in
+   * when it becomes due (overdue ones first, at once), earliest target first
+   * (ties in id order). The server waits in
    * bounded segments of at most a second, re-reading the clock and the lease
    * on every wake; reminders created or ended through the same server wake
    * it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when
@@ -2054,8 +2059,9 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
    * `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
    * after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-   * empty after trimming or after_seconds is missing or outside
-   * 1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+   * empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+   * or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+   * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -2100,7 +2106,8 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
   dispatch: handleUnaryCall<DispatchRequest, DispatchResponse>;
   /**
    * WatchDue streams, for the live lease holder, each active reminder once
-   * when it becomes due (overdue ones first, at once). The server waits in
+   * when it becomes due (overdue ones first, at once), earliest target first
+   * (ties in id order). The server waits in
    * bounded segments of at most a second, re-reading the clock and the lease
    * on every wake; reminders created or ended through the same server wake
    * it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when
@@ -2119,8 +2126,9 @@ export interface ScheduleServiceClient extends Client {
    * Errors: INVALID_ARGUMENT / RULE_UNSUPPORTED when `at`, `every_seconds`,
    * `cron` or `time_zone` is set (metadata `rule`; nothing is stored: use
    * after_seconds); INVALID_ARGUMENT / REMINDER_INVALID when the prompt is
-   * empty after trimming or after_seconds is missing or outside
-   * 1..2^53-1 (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
+   * empty after trimming, or after_seconds is missing, outside 1..2^53-1,
+   * or puts the target past 9999-12-31T23:59:59.999Z, the last instant a
+   * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
@@ -2235,7 +2243,8 @@ export interface ScheduleServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * WatchDue streams, for the live lease holder, each active reminder once
-   * when it becomes due (overdue ones first, at once). The server waits in
+   * when it becomes due (overdue ones first, at once), earliest target first
+   * (ties in id order). The server waits in
    * bounded segments of at most a second, re-reading the clock and the lease
    * on every wake; reminders created or ended through the same server wake
    * it at once. It ends with FAILED_PRECONDITION / LEASE_FENCED when

@@ -805,8 +805,9 @@ export const StoreApiServiceService = {
    * - INVALID_ARGUMENT / CALL_PAYLOAD_MISMATCH: `call` is unknown or names a
    *   different call than the payload set (metadata `call`, `payload`). Fix
    *   the envelope.
-   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID:
-   *   as JournalService.AppendTurn. Nothing was written.
+   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID,
+   *   REQUEST_ID_REUSED: as JournalService.AppendTurn (FIELD_INVALID also
+   *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
    */
@@ -830,8 +831,9 @@ export interface StoreApiServiceServer extends UntypedServiceImplementation {
    * - INVALID_ARGUMENT / CALL_PAYLOAD_MISMATCH: `call` is unknown or names a
    *   different call than the payload set (metadata `call`, `payload`). Fix
    *   the envelope.
-   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID:
-   *   as JournalService.AppendTurn. Nothing was written.
+   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID,
+   *   REQUEST_ID_REUSED: as JournalService.AppendTurn (FIELD_INVALID also
+   *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
    */
@@ -847,8 +849,9 @@ export interface StoreApiServiceClient extends Client {
    * - INVALID_ARGUMENT / CALL_PAYLOAD_MISMATCH: `call` is unknown or names a
    *   different call than the payload set (metadata `call`, `payload`). Fix
    *   the envelope.
-   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID:
-   *   as JournalService.AppendTurn. Nothing was written.
+   * - INVALID_ARGUMENT / AGENT_NAME_INVALID, RECORD_TOO_LARGE, FIELD_INVALID,
+   *   REQUEST_ID_REUSED: as JournalService.AppendTurn (FIELD_INVALID also
+   *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
    */

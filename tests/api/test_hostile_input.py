@@ -1,0 +1,360 @@
+"""Hostile input, exactly answered: one regression test per defect the wire
+fuzz suite (tests/fuzz) and a black-box review found, on every backend.
+
+Wire-level cases go over a raw channel (identity serializers), so the server
+sees exactly the bytes sent; every refusal is checked to write nothing.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, struct_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+import fencepost
+from fencepost import errors, reasons
+from fencepost.v1 import evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
+from fencepost_server.domain.kv import KvStore
+from fencepost_server.domain.limits import Limits
+from fencepost_server.domain.memory import MemoryStore
+from fencepost_server.domain.memory.store import NewEntry
+from fencepost_server.domain.requests import RequestLog
+from fencepost_server.storage import Item, Storage, TxnResult
+from tests.conftest import RunningServer, running
+
+from .test_schedule_api import FakeClock, _held
+
+BAD_UTF8 = b"\xed\xa0\x80\xff"  # an encoded surrogate, then a byte UTF-8 never uses
+
+
+class Refusal:
+    def __init__(self, code: grpc.StatusCode, status: status_pb2.Status | None) -> None:
+        self.code = code
+        self.info = error_details_pb2.ErrorInfo()
+        self.fields: list[str] = []
+        for detail in status.details if status else ():
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                detail.Unpack(self.info)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                self.fields += [v.field for v in bad.field_violations]
+
+
+async def raw_call(srv: RunningServer, method: str, data: bytes) -> tuple[bytes | None, Refusal | None]:
+    """One unary call with identity serializers: (response bytes, None) or (None, refusal)."""
+    async with grpc.aio.insecure_channel(srv.target) as channel:
+        try:
+            return await channel.unary_unary(method)(data, timeout=30), None
+        except grpc.aio.AioRpcError as err:
+            raw = dict(err.trailing_metadata() or ()).get("grpc-status-details-bin")
+            return None, Refusal(err.code(), status_pb2.Status.FromString(raw) if raw else None)
+
+
+async def snapshot(storage: Storage) -> list[Item]:
+    return await storage.list("", None, 1_000_000)
+
+
+def swap(data: bytes, placeholder: str) -> bytes:
+    """`data` with a same-length placeholder string replaced by invalid UTF-8."""
+    marker = placeholder.encode()
+    assert len(marker) == len(BAD_UTF8) and marker in data
+    return data.replace(marker, BAD_UTF8)
+
+
+# -- 1: invalid UTF-8 in a string field ------------------------------------------------
+async def test_invalid_utf8_is_a_documented_refusal_naming_the_field(storage: Storage) -> None:
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        cases = [
+            ("/fencepost.v1.KvService/Put", kv_pb2.PutRequest(key="QQQQ", value=b"v"),
+             reasons.KEY_INVALID, "key"),
+            ("/fencepost.v1.KvService/Get", kv_pb2.GetRequest(key="QQQQ"), reasons.KEY_INVALID, "key"),
+            ("/fencepost.v1.KvService/Txn",
+             kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(delete_key="a"),
+                                            kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="QQQQ"))]),
+             reasons.KEY_INVALID, "success_ops[1].put.key"),
+            ("/fencepost.v1.LedgerService/GetSession", ledger_pb2.GetSessionRequest(session_id="QQQQ"),
+             reasons.FIELD_INVALID, "session_id"),
+            ("/fencepost.v1.JournalService/AppendTurn",
+             journal_pb2.AppendTurnRequest(agent="a", record=journal_pb2.TurnRecord(at="QQQQ")),
+             reasons.FIELD_INVALID, "record.at"),
+        ]
+        for method, msg, reason, field in cases:
+            _, refusal = await raw_call(srv, method, swap(msg.SerializeToString(), "QQQQ"))
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason, refusal.info.domain) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, reasons.DOMAIN), method
+            assert refusal.fields == [field], method
+        _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Put", b"\x0a\x05ab")  # truncated
+        assert refusal is not None and (refusal.code, refusal.info.reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID)
+        assert await snapshot(storage) == before
+
+
+# -- 2 and 9: schedule records the decoder must refuse ------------------------------------
+def _create_record(n: int, prompt_json: str, scheduled_at: int = 1) -> bytes:
+    return (
+        '{"record":{"v":1,"type":"create","id":"rem_%d","kind":"after","prompt":%s,'
+        '"after_seconds":5,"scheduled_at":%d},"stream":"schedule/change"}' % (n, prompt_json, scheduled_at)
+    ).encode()
+
+
+async def test_schedule_records_that_cannot_be_served_are_rejected(storage: Storage) -> None:
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "hostile")
+        records = [
+            _create_record(1, '"\\ud800x"'),  # a lone surrogate: no proto string can carry it
+            _create_record(2, '"ok \\udfff"'),
+            _create_record(3, '"too late"', 253_402_300_800_000),  # 10000-01-01
+            _create_record(4, '"fine"'),
+        ]
+        await c.commit(sid, gen, 0, records)
+        page = schedule_pb2.ListRemindersResponse.FromString(
+            (await raw_call(srv, "/fencepost.v1.ScheduleService/ListReminders",
+                            schedule_pb2.ListRemindersRequest(session_id=sid).SerializeToString()))[0] or b""
+        )
+        assert [r.id for r in page.reminders] == ["rem_4"]
+        assert [r.seq for r in page.rejected_records] == [1, 2, 3]
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_4"]
+        async for r in c.watch_due(sid, gen):  # the stream serves past the rejected records
+            assert r.id == "rem_4"
+            break
+
+
+async def test_after_seconds_past_year_9999_is_refused(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "far")
+        with pytest.raises(errors.ReminderInvalid) as err:
+            await c.create_reminder(sid, gen, "never", after_seconds=2**53 - 1)
+        assert (await c.get_session(sid)).seq == 0  # nothing written
+
+
+async def test_watch_due_pushes_earliest_target_first(storage: Storage) -> None:
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "order")
+        for after in (300, 100, 200):  # ids in creation order, targets not
+            await c.create_reminder(sid, gen, f"in {after}", after_seconds=after)
+        clock.now += 1000  # all three due at once
+        seen = []
+        async for r in c.watch_due(sid, gen):
+            seen.append(r.id)
+            if len(seen) == 3:
+                break
+        assert seen == ["rem_2", "rem_3", "rem_1"]
+
+
+def _struct(value: object) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.fields["x"].list_value.values.add().CopyFrom(struct_pb2.Value(**value))  # type: ignore[arg-type]
+    return s
+
+
+async def test_caller_json_that_json_cannot_carry_is_refused_on_every_path(storage: Storage) -> None:
+    """A surrogate (as its UTF-8-like bytes) or NaN / Infinity inside any
+    caller JSON object: evals, memory metadata, journal and store API records."""
+    def requests(s: struct_pb2.Struct) -> list[tuple[str, object, str]]:
+        record = journal_pb2.TurnRecord(at="t", session_id="s", channel_id="c", status=1, extra=s)
+        return [
+            ("/fencepost.v1.EvalService/PutAbSnapshot", evals_pb2.PutAbSnapshotRequest(agent="a", snapshot=s),
+             "snapshot"),
+            ("/fencepost.v1.EvalService/PutEvalRun",
+             evals_pb2.PutEvalRunRequest(agent="a", run_id="r", snapshot=s), "snapshot"),
+            ("/fencepost.v1.MemoryService/Append",
+             memory_pb2.MemoryServiceAppendRequest(agent_id="a", content="c", metadata=s), "metadata"),
+            ("/fencepost.v1.JournalService/AppendTurn", journal_pb2.AppendTurnRequest(agent="a", record=record),
+             "record.extra"),
+            ("/fencepost.v1.StoreApiService/Call", store_api_pb2.CallRequest(
+                v=1, call="memory.append",
+                memory_append=store_api_pb2.MemoryAppendPayload(agent="a", record=record)),
+             "memory_append.record.extra"),
+        ]
+
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for bad in ({"number_value": float("nan")}, {"number_value": float("-inf")}, {"string_value": "QQQQ"}):
+            for method, msg, field in requests(_struct(bad)):
+                data = msg.SerializeToString()  # type: ignore[attr-defined]
+                if "string_value" in bad:
+                    data = swap(data, "QQQQ")  # what a "\ud800" escape becomes when sent as UTF-8 anyway
+                _, refusal = await raw_call(srv, method, data)
+                assert refusal is not None, (method, bad)
+                assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                               reasons.FIELD_INVALID), (method, bad)
+                assert refusal.fields and refusal.fields[0].startswith(field), (method, bad, refusal.fields)
+        assert await snapshot(storage) == before
+
+
+async def test_session_names_and_metadata_are_bounded_on_every_backend(storage: Storage) -> None:
+    """Found by the fuzz suite on the DynamoDB emulator: a 1 MiB session_key (or
+    a long agent, part of every session id) made keys or items DynamoDB cannot
+    hold, answered INTERNAL there and accepted elsewhere."""
+    async with running(storage) as srv:
+        ok, _ = await raw_call(srv, "/fencepost.v1.LedgerService/OpenSession", ledger_pb2.OpenSessionRequest(
+            agent="é" * 128, session_key="k" * 1024, metadata={"m": "v" * 200_000}).SerializeToString())
+        assert ok is not None  # at the limits
+        before = await snapshot(storage)
+        for msg, field, limit in (
+            (ledger_pb2.OpenSessionRequest(agent="a" * 257, session_key="s"), "agent", 256),
+            (ledger_pb2.OpenSessionRequest(agent="a", session_key="s" * (1 << 20)), "session_key", 1024),
+            (ledger_pb2.OpenSessionRequest(agent="a", session_key="s", metadata={"m": "v" * 300_000}),
+             "metadata", 256 * 1024),
+        ):
+            _, refusal = await raw_call(srv, "/fencepost.v1.LedgerService/OpenSession", msg.SerializeToString())
+            assert refusal is not None and (refusal.info.reason, refusal.fields) == (reasons.FIELD_INVALID, [field])
+            assert refusal.info.metadata["limit"] == str(limit)
+        assert await snapshot(storage) == before
+
+
+# -- 3: the Txn operation limit ------------------------------------------------------------
+async def test_txn_limit_is_100_operations_everywhere(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=30) as c:
+        ops = [fencepost.put_op(f"t/{i:03d}", b"v") for i in range(100)]
+        assert (await c.txn(success=ops, request_id="")).succeeded  # exactly the documented limit
+        before = await snapshot(storage)
+        for extra, request_id in ((ops + [fencepost.put_op("t/100", b"v")], ""), (ops[:99], "rq-txn")):
+            with pytest.raises(errors.FencepostError) as err:
+                await c.txn(success=extra, request_id=request_id)
+            assert err.value.reason == reasons.TXN_TOO_LARGE
+            assert err.value.metadata["limit"] == "100"
+            assert err.value.metadata["size"] == "101"  # a request id's marker counts as 2
+        assert await snapshot(storage) == before
+        assert (await c.txn(success=ops[:98], request_id="rq-98")).succeeded
+
+
+# -- 4: COMMIT_TOO_LARGE names the limit, the size and the field ---------------------------
+async def test_commit_too_large_carries_limit_size_and_field(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "big")
+        before = await snapshot(storage)
+        for request, field, limit, size in (
+            (ledger_pb2.CommitRequest(session_id=sid, generation=gen, records=[b"r"] * 65), "records", 64, 65),
+            (ledger_pb2.CommitRequest(session_id=sid, generation=gen, consume_inbox_ids=[f"i{n}" for n in range(33)]),
+             "consume_inbox_ids", 32, 33),
+        ):
+            _, refusal = await raw_call(srv, "/fencepost.v1.LedgerService/Commit", request.SerializeToString())
+            assert refusal is not None and refusal.info.reason == reasons.COMMIT_TOO_LARGE
+            assert (refusal.info.metadata["limit"], refusal.info.metadata["size"]) == (str(limit), str(size))
+            assert refusal.fields == [field]
+        assert await snapshot(storage) == before
+
+
+# -- 5: AppendTurn request ids ----------------------------------------------------------------
+async def test_append_turn_request_id_reused_for_another_record_is_refused(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        record = {"at": "2026-01-01T00:00:00Z", "sessionId": "s", "channelId": "c", "status": "completed"}
+        first = await c.append_turn("agent", {**record, "note": "first"}, request_id="rq-1")
+        assert await c.append_turn("agent", {**record, "note": "first"}, request_id="rq-1") == first
+        before = await snapshot(storage)
+        with pytest.raises(errors.FencepostError) as err:
+            await c.append_turn("agent", {**record, "note": "other"}, request_id="rq-1")
+        assert err.value.reason == reasons.REQUEST_ID_REUSED
+        assert await snapshot(storage) == before
+        journal = await c.read_journal("agent")
+        assert journal is not None and [r.get("note") for r in journal.records()] == ["first"]
+
+
+# -- 6: a refused CAS reports the version that refused it --------------------------------------
+class DeleteAfterRefusal(Storage):
+    """Passes everything through; right after a refused transaction it deletes
+    the refused key, as a concurrent writer could before a follow-up read."""
+
+    def __init__(self, inner: Storage, key: str) -> None:
+        self.inner, self.key = inner, key
+
+    async def transact(self, checks=(), writes=(), count=None) -> TxnResult:  # type: ignore[no-untyped-def]
+        result = await self.inner.transact(checks, writes, count)
+        if not result.applied and any(w.key == self.key for w in writes):
+            await self.inner.delete(self.key)
+        return result
+
+    async def get(self, key: str) -> Item | None:
+        return await self.inner.get(key)
+
+    async def put(self, key: str, value: bytes) -> str:
+        return await self.inner.put(key, value)
+
+    async def delete(self, key: str) -> bool:
+        return await self.inner.delete(key)
+
+    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+        return await self.inner.list(prefix, start_after, limit)
+
+    async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
+        return await self.inner.list_keys(prefix, start_after, limit)
+
+    async def put_if_absent(self, key: str, value: bytes):  # type: ignore[no-untyped-def]
+        return await self.inner.put_if_absent(key, value)
+
+    async def put_if_version(self, key: str, value: bytes, expected: str):  # type: ignore[no-untyped-def]
+        return await self.inner.put_if_version(key, value, expected)
+
+    async def delete_if_version(self, key: str, expected: str):  # type: ignore[no-untyped-def]
+        return await self.inner.delete_if_version(key, expected)
+
+
+async def test_cas_refusal_reports_the_refusing_version(storage: Storage) -> None:
+    scoped = "default/kv/lock"
+    racing = DeleteAfterRefusal(storage, scoped)
+    kv = KvStore(racing, Limits(), RequestLog(racing))
+    for attempt, refuse in enumerate((
+        lambda rid: kv.put_if_absent("default", "lock", b"b", rid),
+        lambda rid: kv.put_if_version("default", "lock", b"b", "not-the-version", rid),
+        lambda rid: kv.delete_if_version("default", "lock", "not-the-version", rid),
+    )):
+        version = await kv.put("default", "lock", b"a")
+        out = await refuse(f"rq-{attempt}")
+        # refused by the key at `version`; it was deleted only afterwards
+        assert (out.applied, out.version) == (False, version), attempt
+
+
+# -- 7: negative durations and caps ---------------------------------------------------------------
+async def test_negative_ttl_and_list_sessions_caps_are_refused(storage: Storage) -> None:
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid = (await c.open_session("agent", "neg")).session_id
+        before = await snapshot(storage)
+        minus = duration_pb2.Duration(seconds=-5)
+        cases = [
+            ("/fencepost.v1.LedgerService/AcquireLease",
+             ledger_pb2.AcquireLeaseRequest(session_id=sid, holder_id="h", ttl=minus), "ttl"),
+            ("/fencepost.v1.LedgerService/Deliver",
+             ledger_pb2.DeliverRequest(session_id=sid, payload=b"p", try_lease="h", ttl=minus), "ttl"),
+            ("/fencepost.v1.LedgerService/ListSessions",
+             ledger_pb2.ListSessionsRequest(agent="agent", max_sessions=-1), "max_sessions"),
+            ("/fencepost.v1.LedgerService/ListSessions",
+             ledger_pb2.ListSessionsRequest(agent="agent", max_total_bytes=-1), "max_total_bytes"),
+            ("/fencepost.v1.LedgerService/ListSessions",
+             ledger_pb2.ListSessionsRequest(agent="agent", max_age=minus), "max_age"),
+        ]
+        for method, msg, field in cases:
+            _, refusal = await raw_call(srv, method, msg.SerializeToString())
+            assert refusal is not None, (method, field)
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), (method, field)
+        assert await snapshot(storage) == before
+
+
+# -- 8: memory ties and liveness ---------------------------------------------------------------
+async def test_memory_ties_on_created_at_keep_the_smallest_ids(storage: Storage) -> None:
+    memory = MemoryStore(storage, Limits(), clock=lambda: 1_000_000)  # every entry at one created_at
+    ids = [(await memory.append("t", "agent", f"fact {n}")).id for n in range(10)]
+    smallest = sorted(ids)
+    listed = await memory.list("t", "agent", limit=3)
+    assert [v.entry.id for v in listed.entries] == smallest[:3]  # newest first, ties by id ascending
+    injection = await memory.build_injection("t", "agent")
+    assert [e.id for e in injection.recent] == smallest[:8]
+
+
+async def test_reassert_trust_touches_only_a_live_entry(storage: Storage) -> None:
+    memory = MemoryStore(storage, Limits())
+    ids = [(await memory.append("t", "agent", f"fact {n}")).id for n in range(2)]
+    old = ids[0]
+    await memory.append("t", "agent", "fact 0, corrected", NewEntry(supersedes=old))
+    assert await memory.reassert_trust("t", "agent", old, "operator") is False  # superseded: not live
+    assert await memory.reassert_trust("t", "agent", ids[1], "operator") is True
+
