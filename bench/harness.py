@@ -23,6 +23,8 @@ class Result:
     seconds: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float | None = None  # server CPU per call, when measured
+    client_us: float | None = None  # this (client) process's CPU per call
 
     @property
     def rate(self) -> float:
@@ -54,6 +56,66 @@ async def measure(call: Callable[[int], Awaitable[object]], *, concurrency: int,
     return Result(len(latencies), elapsed, statistics.median(latencies) * 1e3, p99 * 1e3)
 
 
+async def measure_for(call: Callable[[int], Awaitable[object]], *, concurrency: int, seconds: float,
+                      warmup: float = 0.5, cpu: Callable[[], float] | None = None) -> Result:
+    """Closed loop: `concurrency` callers run `call(i)` (i % concurrency is the
+    caller's own slot, so per-slot state never races) for `warmup` and then
+    `seconds` seconds; latencies and (with `cpu`, a reader of the server's CPU
+    seconds) the server's CPU per call count only the measured part."""
+    latencies: list[float] = []
+    clock = time.perf_counter
+    measuring = False
+    stop_at = clock() + warmup
+    issued = [0] * concurrency
+
+    async def caller(slot: int) -> None:
+        # caller `slot` issues i = slot, slot + concurrency, ...: i % concurrency is its own
+        while True:
+            i = slot + concurrency * issued[slot]
+            issued[slot] += 1
+            t0 = clock()
+            if t0 >= stop_at:
+                return
+            await call(i)
+            if measuring:
+                latencies.append(clock() - t0)
+
+    await asyncio.gather(*(caller(slot) for slot in range(concurrency)))
+    measuring = True
+    cpu0 = cpu() if cpu else 0.0
+    client0 = time.process_time()
+    started = clock()
+    stop_at = started + seconds
+    await asyncio.gather(*(caller(slot) for slot in range(concurrency)))
+    elapsed = clock() - started
+    client_used = time.process_time() - client0
+    cpu_used = (cpu() - cpu0) if cpu else 0.0
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    result = Result(len(latencies), elapsed, statistics.median(latencies) * 1e3, p99 * 1e3)
+    result.cpu_us = cpu_used / len(latencies) * 1e6 if cpu else None
+    result.client_us = client_used / len(latencies) * 1e6
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process `pid` and of its live children
+    (a `--workers` supervisor's workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError):
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    return []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,13 +132,14 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def subprocess_server(
-    args: list[str], port: int, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+def subprocess_server(args: list[str], port: int, env: dict[str, str] | None = None,
+                      ready: Callable[[], bool] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **(env or {})})
     try:
         wait_port(port)
+        while ready is not None and not ready():
+            time.sleep(0.05)
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -86,14 +149,16 @@ def subprocess_server(
             proc.kill()
 
 
-def fencepost_server(
-    port: int, backend: str, *extra: str
-) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
-    return subprocess_server(
-        ["-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", "--backend", backend,
-         "--log-level", "WARNING", *extra],
-        port,
-    )
+def fencepost_server(port: int, backend: str, *extra: str,
+                     workers: int = 1) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """`fencepost serve` as a subprocess; with `workers` > 1 ready once every
+    worker runs (a worker binds the shared port a moment after it starts)."""
+    args = ["-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", "--backend", backend,
+            "--log-level", "WARNING", *extra]
+    if workers == 1:
+        return subprocess_server(args, port)
+    settle = time.monotonic() + 3.0
+    return subprocess_server([*args, "--workers", str(workers)], port, ready=lambda: time.monotonic() > settle)
 
 
 class Reporter:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fencepost_server.storage import BackendUnavailable, PersistenceUncertain, Storage
-from fencepost_server.storage.base import CasResult, Check, CountKeys, Item, TxnResult, Write
+from fencepost_server.storage.base import CasResult, Check, CountKeys, Item, Marker, TxnResult, Write
 
 T = TypeVar("T")
 
@@ -144,6 +144,18 @@ class FaultyStorage(Storage):
         self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
         return await self._write("transact", lambda: self.inner.transact(checks, writes, count))
+
+    @property
+    def keeps_markers_with_items(self) -> bool:  # type: ignore[override]
+        return self.inner.keeps_markers_with_items
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if not self.inner.keeps_markers_with_items:
+            return await super().transact_marked(checks, writes, marker)  # faults at its transact + get
+        return await self._write("transact_marked", lambda: self.inner.transact_marked(checks, writes, marker))
+
+    async def forget_markers(self, prefix: str) -> None:
+        await self.inner.forget_markers(prefix)
 
     async def ping(self) -> None:
         await self.inner.ping()

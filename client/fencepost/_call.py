@@ -106,12 +106,14 @@ class Caller:
         self.metadata = list(_pairs(metadata))
         self.retry = retry
 
-    def _metadata(self, extra: Metadata | None) -> list[tuple[str, str]]:
-        md = [*self.metadata, *_pairs(extra)]
+    def _metadata(self, extra: Metadata | None) -> list[tuple[str, str]] | None:
+        carrier: dict[str, str] = {}
         if _inject is not None:  # OpenTelemetry installed: the caller's trace continues on the server
-            carrier: dict[str, str] = {}
             _inject(carrier)
-            md.extend(carrier.items())
+        if not extra and not carrier:  # the common case: the channel-wide list, built once
+            return self.metadata or None
+        md = [*self.metadata, *_pairs(extra)]
+        md.extend(carrier.items())
         return md
 
     async def call(
@@ -126,9 +128,8 @@ class Caller:
     ) -> Any:
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        policy = retry or self.retry
-        delays = policy.delays() if safe else []
         md = self._metadata(metadata)
+        delays: list[float] | None = None  # the backoff schedule is drawn only once a call has failed
         attempt = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -138,6 +139,8 @@ class Caller:
                 return await method(request, timeout=remaining, metadata=md)
             except grpc.aio.AioRpcError as exc:
                 err = translate(exc)
+                if delays is None:
+                    delays = (retry or self.retry).delays() if safe else []
                 if attempt >= len(delays) or not _retryable(err, safe):
                     raise err from exc
             delay = delays[attempt]

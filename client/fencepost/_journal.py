@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -59,7 +59,7 @@ class JournalMethods:
         pb = _record(record)
         check_record_size(pb, MAX_RECORD_BYTES)
         req = journal_pb2.AppendTurnRequest(
-            agent=agent, record=pb, request_id=request_id if request_id is not None else uuid.uuid4().hex
+            agent=agent, record=pb, request_id=request_id if request_id is not None else os.urandom(16).hex()
         )
         return (await self._caller.call(self._journal.AppendTurn, req, safe=True, **opts)).record_id
 
@@ -115,7 +115,7 @@ class JournalMethods:
             pb = _record(payload["record"])
             check_record_size(pb, MAX_RECORD_BYTES)
             req.memory_append.CopyFrom(store_api_pb2.MemoryAppendPayload(agent=payload["agent"], record=pb))
-            req.request_id = request_id if request_id is not None else uuid.uuid4().hex
+            req.request_id = request_id if request_id is not None else os.urandom(16).hex()
         elif call == "memory.read":
             req.memory_read.CopyFrom(store_api_pb2.MemoryReadPayload(agent=payload["agent"]))
         res = await self._caller.call(self._store_api.Call, req, safe=True, **opts)

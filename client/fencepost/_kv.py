@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +53,7 @@ def delete_op(key: str) -> kv_pb2.TxnOp:
 def _rid(request_id: str | None) -> str:
     """Conditional writes always carry a request id, so a retry after an
     ambiguous failure reports the first outcome instead of `applied = false`."""
-    return request_id if request_id is not None else uuid.uuid4().hex
+    return request_id if request_id is not None else os.urandom(16).hex()  # uuid4().hex: 10x the CPU
 
 
 class KvMethods:

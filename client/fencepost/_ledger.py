@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -224,7 +225,7 @@ class LedgerMethods:
         is generated when not given, so the SDK's retries apply it once."""
         req = pb.CommitRequest(
             session_id=session_id, generation=generation, expected_seq=expected_seq, records=list(records),
-            consume_inbox_ids=list(consume), commit_id=commit_id or uuid.uuid4().hex,
+            consume_inbox_ids=list(consume), commit_id=commit_id or os.urandom(16).hex(),
         )
         res = await self._caller.call(self._ledger.Commit, req, safe=True, **opts)
         return Commit(res.seq, res.pending, res.replayed)

@@ -8,7 +8,7 @@ applies once.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -28,7 +28,7 @@ STRATEGIES = {"recency": pb.MEMORY_STRATEGY_RECENCY, "relevance": pb.MEMORY_STRA
 
 
 def _rid(request_id: str | None) -> str:
-    return request_id if request_id is not None else uuid.uuid4().hex
+    return request_id if request_id is not None else os.urandom(16).hex()
 
 
 def _timestamp(when: datetime) -> timestamp_pb2.Timestamp:
@@ -118,7 +118,7 @@ class MemoryMethods:
     async def memory_audit(
         self, agent_id: str, *, page_size: int = 0, page_token: str = "", **opts: Any
     ) -> pb.MemoryServiceAuditResponse:
-        """One page of every entry, tombstoned included, oldest first."""
+        """One page of every entry, tombstoned included, oldest first (operator role)."""
         req = pb.MemoryServiceAuditRequest(agent_id=agent_id, page_size=page_size, page_token=page_token)
         return await self._caller.call(self._memory.Audit, req, safe=True, **opts)
 

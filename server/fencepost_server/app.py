@@ -56,6 +56,7 @@ from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.ledger import Ledger
 from .domain.memory import MemoryStore
+from .domain.paging import PageTokens, secret_from_file
 from .domain.requests import RequestLog
 from .domain.retention import Retention
 from .domain.schedule import Schedule
@@ -80,6 +81,8 @@ class AppContext:
     requests: RequestLog
     #: domain events for metrics: events("janitor.recovered"), events("journal.flush_lag_seconds", 3.2)
     events: Callable[..., None]
+    #: page tokens under the deployment's key (shared by every replica of the backend)
+    pages: PageTokens
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: called when shutdown begins, before in-flight RPCs are drained (end long-polls)
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -112,21 +115,22 @@ ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]
 
 
 def _kv(ctx: AppContext, server: HandlerRegistry) -> str:
-    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests)
+    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests, ctx.pages)
     kv_pb2_grpc.add_KvServiceServicer_to_server(KvServicer(kv, ctx.auth, ctx.observer), server)
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
 def _evals(ctx: AppContext, server: HandlerRegistry) -> str:
     evals = EvalStore(
-        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window
+        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window,
+        pages=ctx.pages,
     )
     evals_pb2_grpc.add_EvalServiceServicer_to_server(EvalServicer(evals, ctx.auth, ctx.observer), server)
     return evals_pb2.DESCRIPTOR.services_by_name["EvalService"].full_name
 
 
 def _memory(ctx: AppContext, server: HandlerRegistry) -> str:
-    memory = MemoryStore(ctx.storage, ctx.settings.limits)
+    memory = MemoryStore(ctx.storage, ctx.settings.limits, pages=ctx.pages)
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -136,7 +140,9 @@ def _ledger_of(ctx: AppContext) -> Ledger:
     AppContext, with one janitor)."""
     ledger: Ledger | None = ctx.shared.get("ledger")
     if ledger is None:
-        ledger = Ledger(ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events)
+        ledger = Ledger(
+            ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events, pages=ctx.pages
+        )
         ctx.shared["ledger"] = ledger
         ctx.on_drain.append(ledger.janitor.drain)
         if ctx.settings.ledger_janitor:
@@ -160,7 +166,7 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, s.limits, config, requests=ctx.requests)
+        journal = Journal(ctx.storage, s.limits, config, requests=ctx.requests, pages=ctx.pages)
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal
@@ -236,6 +242,10 @@ class App:
         #: how logs name the backend (a backend handed in by a test has no URL of its own)
         self.backend_label = settings.backend_url() if storage is None or settings.backend else type(raw).__name__
         self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
+        key_file = settings.page_token_key_file
+        self.pages = (
+            PageTokens.with_secret(secret_from_file(key_file)) if key_file else PageTokens.of_deployment(self.storage)
+        )
         self.metrics_port: int | None = None
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -253,13 +263,14 @@ class App:
         opts = [
             ("grpc.max_receive_message_length", self.settings.max_receive_bytes),
             ("grpc.max_send_message_length", self.settings.max_receive_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
         ]
         recorder = recorder_from_env()  # set by the test suite only (see api/recording.py)
         server = grpc.aio.server(options=opts, interceptors=[recorder] if recorder else None)
         registry = HandlerRegistry(server)
         ctx = AppContext(
-            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event
+            self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event,
+            self.pages,
         )
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain

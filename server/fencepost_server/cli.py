@@ -21,7 +21,7 @@ from fencepost.cli.args import (
     readable_file,
 )
 
-from . import __version__, cli_dynamodb, cli_lifecycle, tracing
+from . import __version__, cli_dynamodb, cli_lifecycle, tracing, workers
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
 
@@ -55,7 +55,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds >= 0 to drain in-flight RPCs on shutdown (default %(default)s)")
     p.add_argument("--max-receive-bytes", type=positive_int, metavar="BYTES", default=8 * 1024 * 1024,
                    help="largest request or response message in bytes (default %(default)s)")
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
+    p.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
+                   help="run on uvloop when installed (default: on)")
+    p.add_argument("--workers", type=positive_int, metavar="N", default=1,
+                   help="server processes sharing the port, one event loop each; sqlite or dynamodb "
+                        "(default %(default)s, see docs/performance.md)")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
     sec.add_argument("--tokens-file", type=readable_file, metavar="FILE", help="JSON file of SHA-256 token hashes -> tenant + role")
     sec.add_argument("--spiffe-map", type=readable_file, metavar="FILE", help="JSON file of SPIFFE ids -> tenant + role")
@@ -64,6 +68,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sec.add_argument("--tls-client-ca", type=readable_file, metavar="PEM", help="CA for client certificates: turns on mTLS")
     sec.add_argument("--trust-xfcc", action="store_true",
                      help="trust the sidecar's x-forwarded-client-cert header (mesh-terminated mTLS)")
+    sec.add_argument("--page-token-key-file", type=readable_file, metavar="FILE",
+                     help="64 hex digits keying page tokens (default: a key kept in the backend)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback --listen without authentication (never in production)")
     obs = p.add_argument_group("observability (tracing: the standard OTEL_* variables, see README)")
@@ -103,6 +109,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         trust_xfcc=args.trust_xfcc,
+        page_token_key_file=args.page_token_key_file,
         metrics_listen=args.metrics_listen,
         retain_idle_sessions_seconds=args.retain_idle_sessions,
         retain_journal_archives_seconds=args.retain_journal_archives,
@@ -157,20 +164,13 @@ def _preflight(args: argparse.Namespace) -> Settings:
     check_config(settings, insecure=args.insecure)
     if args.create_table and not (settings.backend or "").startswith("dynamodb://"):
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
+    refused = workers.refusal(settings, args.workers)
+    if refused:
+        raise ConfigError(refused)
     check_listen(settings.listen, "--listen")
     if settings.metrics_listen:
         check_listen(settings.metrics_listen, "--metrics-listen")
     return settings
-
-
-def _install_event_loop(settings: Settings) -> None:
-    if settings.uvloop:
-        try:
-            import uvloop
-
-            uvloop.install()
-        except ImportError:
-            log.warning("--uvloop given but uvloop is not installed; using asyncio")
 
 
 def _tracing_from_env() -> str | None:
@@ -183,9 +183,9 @@ def _tracing_from_env() -> str | None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _preflight(args)
     tracing_line = _tracing_from_env()
-    _install_event_loop(settings)
     try:
-        return asyncio.run(serve(settings, create_table=args.create_table, tracing_line=tracing_line))
+        return workers.serve(settings, create_table=args.create_table, workers=args.workers,
+                             tracing_line=tracing_line)
     finally:
         tracing.shutdown()
 

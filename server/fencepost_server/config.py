@@ -24,7 +24,9 @@ class Settings:
     health_probe_seconds: float = 5.0
     backend_warning_seconds: float = 60.0  # while the backend stays down, warn at most this often
     request_sweep_seconds: float = 600.0
-    uvloop: bool = False
+    uvloop: bool = True  # when installed
+    #: bind with SO_REUSEPORT: set for each process of `serve --workers N` (they share the port)
+    reuse_port: bool = False
     eval_history_window: int = 50  # ListEvalRuns keeps this many newest runs per agent
     # security (spec/security.md): any of these turns authentication on
     tokens_file: Path | None = None
@@ -33,6 +35,9 @@ class Settings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     trust_xfcc: bool = False
+    # page tokens: a file holding the deployment's 32-byte secret as 64 hex
+    # digits; None = the secret kept in the backend (shared by every replica)
+    page_token_key_file: Path | None = None
     metrics_listen: str | None = None
     # ledger: the janitor runs in every replica (safe: every action is conditional)
     ledger_janitor: bool = True

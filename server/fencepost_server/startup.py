@@ -52,6 +52,13 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         except (OSError, ValueError) as exc:
             flag = "--spiffe-map" if settings.spiffe_map and str(settings.spiffe_map) in str(exc) else "--tokens-file"
             raise ConfigError(f"argument {flag}: {exc}") from exc
+    if settings.page_token_key_file:
+        from .domain.paging import secret_from_file
+
+        try:
+            secret_from_file(settings.page_token_key_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"argument --page-token-key-file: {exc}") from exc
     if not settings.listen_is_loopback() and not settings.auth_configured() and not insecure:
         raise ConfigError(
             f"refusing to listen on {settings.listen} without authentication; "

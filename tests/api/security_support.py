@@ -1,4 +1,5 @@
-"""Helpers for security tests: token files, SPIFFE maps, a throwaway CA."""
+"""Helpers for security tests: token files, SPIFFE maps, a throwaway CA, and
+any RPC called by name under a given token."""
 
 from __future__ import annotations
 
@@ -7,18 +8,34 @@ import ipaddress
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from google.protobuf import duration_pb2, message_factory, struct_pb2
+from google.protobuf.descriptor import ServiceDescriptor
+from google.rpc import error_details_pb2, status_pb2
 
+from fencepost.v1 import (
+    admin_pb2,
+    evals_pb2,
+    journal_pb2,
+    kv_pb2,
+    ledger_pb2,
+    memory_pb2,
+    schedule_pb2,
+    store_api_pb2,
+)
 from fencepost_server.security import hash_token
 
 TOKENS = {
     "token-tenant-a": ("tenant-a", "service"),
     "token-tenant-b": ("tenant-b", "service"),
     "token-operator-a": ("tenant-a", "operator"),
+    "token-operator-b": ("tenant-b", "operator"),
 }
 
 
@@ -90,3 +107,81 @@ def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = N
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+# -- any RPC by name, as raw protobuf, under one bearer token -------------------
+
+_PB2 = (admin_pb2, kv_pb2, ledger_pb2, journal_pb2, memory_pb2, schedule_pb2, evals_pb2, store_api_pb2)
+SERVICES: dict[str, ServiceDescriptor] = {
+    s.name: s for module in _PB2 for s in module.DESCRIPTOR.services_by_name.values()
+}
+PROTO_DIR = Path(__file__).resolve().parents[2] / "proto" / "fencepost" / "v1"
+
+
+def every_rpc() -> set[str]:
+    """`Service/Method` of every RPC the server's protos declare."""
+    return {f"{s.name}/{m.name}" for s in SERVICES.values() for m in s.methods}
+
+
+class ManualClock:
+    """A wall clock the test moves (the schedule's reminders fall due at once)."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(value)
+    return out
+
+
+def secs(n: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(n * 1e9))
+    return d
+
+
+def reason_of(exc: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason a failed call carried ("" when none)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info.reason
+    return ""
+
+
+class Rpc:
+    """Calls any fencepost RPC by `Service/Method` with one bearer token.
+    A server stream is read to its end (`first_only`: its first message)."""
+
+    def __init__(self, channel: grpc.aio.Channel, token: str | None = None) -> None:
+        self.channel = channel
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    async def __call__(self, rpc: str, /, *, first_only: bool = False, **fields: Any) -> Any:
+        service, method = rpc.split("/")
+        desc = SERVICES[service].methods_by_name[method]
+        request_cls = message_factory.GetMessageClass(desc.input_type)
+        response_cls = message_factory.GetMessageClass(desc.output_type)
+        path = f"/{desc.containing_service.full_name}/{method}"
+        request = request_cls(**fields)
+        if not desc.server_streaming:
+            call = self.channel.unary_unary(path, request_cls.SerializeToString, response_cls.FromString)
+            return await call(request, metadata=self.metadata, timeout=30)
+        stream = self.channel.unary_stream(path, request_cls.SerializeToString, response_cls.FromString)(
+            request, metadata=self.metadata, timeout=30
+        )
+        out = []
+        async for message in stream:
+            out.append(message)
+            if first_only:
+                stream.cancel()
+                break
+        return out

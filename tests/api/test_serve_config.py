@@ -134,6 +134,14 @@ def test_tokens_file_malformed(tmp_path: Path, content: str, expected: str) -> N
     assert_refused(serve("--tokens-file", str(tokens), cwd=tmp_path), USAGE, "--tokens-file", expected)
 
 
+@pytest.mark.parametrize("content", ["ab" * 31, "zz" * 32, ""])
+def test_page_token_key_file_malformed(tmp_path: Path, content: str) -> None:
+    key = tmp_path / "page.key"
+    key.write_text(content)
+    assert_refused(serve("--page-token-key-file", str(key), cwd=tmp_path), USAGE, "--page-token-key-file",
+                   "64 hex digits" if content.startswith("zz") else "32 bytes")
+
+
 def test_tls_cert_without_key(tmp_path: Path) -> None:
     cert = tmp_path / "cert.pem"
     cert.write_text("-----BEGIN CERTIFICATE-----\n")

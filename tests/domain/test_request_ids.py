@@ -15,6 +15,7 @@ from fencepost_server.storage import (
     Check,
     CountKeys,
     Expect,
+    Marker,
     PersistenceUncertain,
     Put,
     Storage,
@@ -34,7 +35,14 @@ class LoseNextResponse(ObservedStorage):
     async def transact(
         self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
-        result = await self.inner.transact(checks, writes, count)
+        return self._maybe_lose(await self.inner.transact(checks, writes, count))
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if not self.inner.keeps_markers_with_items:
+            return await super().transact_marked(checks, writes, marker)  # through self.transact
+        return self._maybe_lose(await self.inner.transact_marked(checks, writes, marker))
+
+    def _maybe_lose(self, result: TxnResult) -> TxnResult:
         if self.armed and result.applied:
             self.armed = False
             raise PersistenceUncertain("response lost after the write was applied")
@@ -85,3 +93,65 @@ async def test_replayed_put_and_delete(lossy: LoseNextResponse) -> None:
     with pytest.raises(PersistenceUncertain):
         await kv.delete("t", "p", request_id="d1")
     assert await kv.delete("t", "p", request_id="d1") is True  # the first attempt removed it
+
+
+MARKERS = "#/req/"
+
+
+async def _marker_rows(storage: Storage) -> int:
+    return len(await storage.list_keys(MARKERS, None, 1000))
+
+
+async def test_a_single_key_write_keeps_its_marker_with_the_item_where_the_backend_can(storage: Storage) -> None:
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    first = await kv.put_if_absent("t", "k", b"v1", request_id="a")
+    second = await kv.put_if_version("t", "k", b"v2", first.version, request_id="b")
+    await kv.put("t", "p", b"x", request_id="c")
+    assert first.applied and second.applied
+    # kept with the item: only a's marker has a row of its own, moved out when b overwrote k
+    assert await _marker_rows(storage) == (1 if storage.keeps_markers_with_items else 3)
+    assert (await kv.put_if_absent("t", "k", b"v1", request_id="a")) == first
+    assert (await kv.put_if_version("t", "k", b"v2", first.version, request_id="b")) == second
+    assert await kv.put("t", "p", b"x", request_id="c") == (await kv.get("t", "p")).version  # type: ignore[union-attr]
+    assert await _marker_rows(storage) == (1 if storage.keeps_markers_with_items else 3)
+
+
+async def test_an_overwritten_or_deleted_item_hands_its_marker_on(storage: Storage) -> None:
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    put = await kv.put("t", "k", b"mine", request_id="p")
+    await kv.put("t", "k", b"theirs")  # plain overwrite: the marker moves out
+    assert await kv.put("t", "k", b"mine", request_id="p") == put
+    assert (await kv.get("t", "k")).value == b"theirs"  # type: ignore[union-attr]
+
+    created = await kv.put_if_absent("t", "gone", b"once", request_id="once")
+    assert await kv.delete("t", "gone")  # deleted: absent again, so only the marker stops a second apply
+    assert (await kv.put_if_absent("t", "gone", b"once", request_id="once")) == created
+    assert await kv.get("t", "gone") is None
+
+
+async def test_a_reused_request_id_is_refused_with_the_marker_on_the_item(storage: Storage) -> None:
+    from fencepost_server.domain.errors import InvalidArgument
+
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    await kv.put("t", "k", b"first", request_id="same")
+    with pytest.raises(InvalidArgument) as refused:
+        await kv.put("t", "k", b"different", request_id="same")
+    assert refused.value.reason == "REQUEST_ID_REUSED"
+    assert (await kv.get("t", "k")).value == b"first"  # type: ignore[union-attr]
+
+
+async def test_markers_kept_with_items_survive_an_export_and_import(storage: Storage) -> None:
+    """Backup and migration copy `export_items`: a marker kept with its item
+    must come out as an item of its own, or a retry after a move applies twice."""
+    from fencepost_server.storage.memory import MemoryStorage
+
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    first = await kv.put_if_absent("t", "k", b"v1", request_id="a")
+    put = await kv.put("t", "p", b"x", request_id="c")
+    copy = MemoryStorage()
+    async for page in storage.export_items():
+        await copy.import_items(page)
+    moved = KvStore(copy, Limits(), RequestLog(copy))
+    assert (await moved.put_if_absent("t", "k", b"v1", request_id="a")) == first
+    assert await moved.put("t", "p", b"x", request_id="c") == put
+    assert (await moved.get("t", "p")).version == put  # type: ignore[union-attr]

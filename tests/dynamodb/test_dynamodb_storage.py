@@ -163,6 +163,9 @@ async def test_one_dynamodb_request_per_kv_rpc(dynamo: DynamoStorage) -> None:
 
     async with running(dynamo, ledger_janitor=False) as server, server.client(timeout=10.0) as client:
         await client.put("warm", b"0")  # records the tenant's KV partition in the directory
+        await client.put("warm/1", b"0")
+        # the first page token a process issues fetches the deployment's page-token key, once
+        assert (await client.list_page("warm", page_size=1))[1]
         sent = await count_requests(dynamo)
 
         async def one(call: Any) -> Any:

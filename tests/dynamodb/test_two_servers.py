@@ -1,5 +1,6 @@
 """Two fencepost server processes over one DynamoDB table: concurrent CAS
-increments from clients spread over both are each counted exactly once."""
+increments from clients spread over both are each counted exactly once, and
+the page tokens one issues resume on the other (one shared key)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 
 import fencepost
+from tests.api.security_support import Rpc
 from tests.dynamo_support import FAKE_CREDENTIALS, backend_url, unique_table
 
 pytestmark = pytest.mark.backend("dynamodb")
@@ -91,3 +94,17 @@ async def test_cas_increments_across_two_processes_count_exactly_once(two_server
             assert entry is not None and int(entry.value) == applied[key]
     finally:
         await asyncio.gather(*(c.close() for c in clients))
+
+
+async def test_page_tokens_resume_on_the_other_replica(two_servers: list[str]) -> None:
+    """Both replicas reach for the page-token key at once: one mints it, the
+    other reads it, and a token either issues resumes on the other."""
+    async with grpc.aio.insecure_channel(two_servers[0]) as ch0, grpc.aio.insecure_channel(two_servers[1]) as ch1:
+        one, two = Rpc(ch0), Rpc(ch1)
+        for i in range(3):
+            await one("KvService/Put", key=f"page/{i}", value=b"v")
+        first = await asyncio.gather(*(r("KvService/List", prefix="page/", page_size=1) for r in (one, two)))
+        for issued_by, other in ((first[0], two), (first[1], one)):
+            assert [e.key for e in issued_by.entries] == ["page/0"]
+            resumed = await other("KvService/List", prefix="page/", page_size=1, page_token=issued_by.next_page_token)
+            assert [e.key for e in resumed.entries] == ["page/1"]

@@ -138,13 +138,16 @@ async def run_with_faults(storage: Storage, backend: str, seed: int) -> Figures:
     return figures
 
 
-async def run_with_kills(backend_url: str, backend: str, seed: int, log_dir: Path) -> Figures:
+async def run_with_kills(backend_url: str, backend: str, seed: int, log_dir: Path, processes: int = 1) -> Figures:
     """The workload against a server subprocess that is kill -9'd at random
-    moments and restarted on the same data, `plan.kills` times."""
+    moments and restarted on the same data, `plan.kills` times. With
+    `processes` > 1 (`--workers`) every other kill takes one worker only (its supervisor
+    restarts it), the others the whole server."""
     plan = budget("kills", backend)
-    figures = Figures(backend, "kill -9")
+    figures = Figures(backend, "kill -9" if processes == 1 else f"kill -9, {processes} workers")
     rng = random.Random(seed)
-    server = CrashableServer(backend_url, log_dir)
+    extra = ("--workers", str(processes)) if processes > 1 else ()
+    server = CrashableServer(backend_url, log_dir, *extra)
     await asyncio.to_thread(server.start)
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -157,6 +160,9 @@ async def run_with_kills(backend_url: str, backend: str, seed: int, log_dir: Pat
             async def killer() -> None:
                 while server.kills < plan.kills:
                     await asyncio.sleep(rng.uniform(0.3, 1.2))
+                    if processes > 1 and server.kills % 2 == 0:
+                        await asyncio.to_thread(server.kill9_worker, rng.randrange(processes))
+                        continue
                     server.kill9()
                     await asyncio.to_thread(server.start)
                 await asyncio.sleep(0.5)  # some load on the last restart, then stop

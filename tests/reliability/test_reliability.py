@@ -46,6 +46,15 @@ async def test_kill9_restarts_sqlite(tmp_path: Path, collect: list[Figures]) -> 
     assert figures.kills >= (TARGET_KILLS if LONG else 2)
 
 
+async def test_kill9_restarts_sqlite_two_workers(tmp_path: Path, collect: list[Figures]) -> None:
+    """`--workers 2` on one SQLite file: kill one worker, then the whole server."""
+    figures = await run_with_kills(f"sqlite://{tmp_path}/reliability.db", "sqlite", seed=31, log_dir=tmp_path,
+                                   processes=2)
+    collect.append(figures)
+    _assert_clean(figures)
+    assert figures.kills >= (TARGET_KILLS if LONG else 2)
+
+
 async def test_kill9_restarts_dynamodb(tmp_path: Path, collect: list[Figures]) -> None:
     from tests.dynamo_support import backend_url, new_dynamo_storage
 

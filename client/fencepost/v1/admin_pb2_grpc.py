@@ -107,6 +107,7 @@ class AdminServiceServicer:
         Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
         INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
         common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -119,6 +120,7 @@ class AdminServiceServicer:
         the server's bookkeeping, not the tenant) so it can be polled to the end.
         Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
         characters); the common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +131,7 @@ class AdminServiceServicer:
         every key of its scope is gone, with progress counts meanwhile.
         Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
         operation for this tenant; do not retry); the common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

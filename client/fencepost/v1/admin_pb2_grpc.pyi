@@ -63,6 +63,7 @@ class AdminServiceStub:
     Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     EraseTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.EraseTenantRequest, _admin_pb2.EraseTenantResponse]
     """EraseTenant starts erasing every key of the caller's tenant and returns
@@ -71,12 +72,14 @@ class AdminServiceStub:
     the server's bookkeeping, not the tenant) so it can be polled to the end.
     Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
     characters); the common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     GetOperation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetOperationRequest, _admin_pb2.GetOperationResponse]
     """GetOperation returns the state of an erasure (AIP-151): `done` once
     every key of its scope is gone, with progress counts meanwhile.
     Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
     operation for this tenant; do not retry); the common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
 
 @_typing.type_check_only
@@ -114,6 +117,7 @@ class AdminServiceAsyncStub(AdminServiceStub):
     Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     EraseTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.EraseTenantRequest, _admin_pb2.EraseTenantResponse]  # type: ignore[assignment]
     """EraseTenant starts erasing every key of the caller's tenant and returns
@@ -122,12 +126,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     the server's bookkeeping, not the tenant) so it can be polled to the end.
     Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
     characters); the common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     GetOperation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetOperationRequest, _admin_pb2.GetOperationResponse]  # type: ignore[assignment]
     """GetOperation returns the state of an erasure (AIP-151): `done` once
     every key of its scope is gone, with progress counts meanwhile.
     Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
     operation for this tenant; do not retry); the common ones.
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -168,6 +174,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
         INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
         common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -182,6 +189,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         the server's bookkeeping, not the tenant) so it can be polled to the end.
         Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
         characters); the common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -194,6 +202,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         every key of its scope is gone, with progress counts meanwhile.
         Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
         operation for this tenant; do not retry); the common ones.
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

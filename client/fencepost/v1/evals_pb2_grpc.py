@@ -59,6 +59,14 @@ class EvalServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -143,6 +151,14 @@ class EvalServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def PutEvalRun(self, request, context):
@@ -150,6 +166,7 @@ class EvalServiceServicer:
         progresses and finishes): the stored snapshot is replaced and its
         update time set to the server's clock. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,6 +176,7 @@ class EvalServiceServicer:
         """GetEvalRun reads one eval run.
         Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
         this id (it was never written, was deleted, or was pruned): list again.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +186,7 @@ class EvalServiceServicer:
         """DeleteEvalRun removes one eval run; deleting a missing run succeeds with
         `existed = false`.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +203,7 @@ class EvalServiceServicer:
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /
         FIELD_INVALID (negative history_window).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +217,7 @@ class EvalServiceServicer:
         is idempotent. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when experiment or session_id is
         empty or `at` is unset.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -208,6 +229,7 @@ class EvalServiceServicer:
         (AIP-158); an empty `next_page_token` is the only end signal.
         Errors: the common ones; FIELD_INVALID when experiment is empty;
         PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,6 +240,7 @@ class EvalServiceServicer:
         previous one (last write wins), so a replacement host with no local
         sessions can serve the A/B surface. One backend write, no read.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +250,7 @@ class EvalServiceServicer:
         """GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
         never an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -317,6 +341,14 @@ class EvalService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

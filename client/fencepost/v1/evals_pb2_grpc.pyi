@@ -60,6 +60,14 @@ class EvalServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -71,16 +79,19 @@ class EvalServiceStub:
     progresses and finishes): the stored snapshot is replaced and its
     update time set to the server's clock. One backend write, no read.
     Errors: the common ones; FIELD_INVALID when run_id is empty.
+    Roles: service and operator.
     """
     GetEvalRun: _grpc.UnaryUnaryMultiCallable[_evals_pb2.GetEvalRunRequest, _evals_pb2.GetEvalRunResponse]
     """GetEvalRun reads one eval run.
     Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
     this id (it was never written, was deleted, or was pruned): list again.
+    Roles: service and operator.
     """
     DeleteEvalRun: _grpc.UnaryUnaryMultiCallable[_evals_pb2.DeleteEvalRunRequest, _evals_pb2.DeleteEvalRunResponse]
     """DeleteEvalRun removes one eval run; deleting a missing run succeeds with
     `existed = false`.
     Errors: the common ones; FIELD_INVALID when run_id is empty.
+    Roles: service and operator.
     """
     ListEvalRuns: _grpc.UnaryUnaryMultiCallable[_evals_pb2.ListEvalRunsRequest, _evals_pb2.ListEvalRunsResponse]
     """ListEvalRuns returns every stored run of an agent, in run-id key order,
@@ -93,6 +104,7 @@ class EvalServiceStub:
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
     FIELD_INVALID (negative history_window).
+    Roles: service and operator.
     """
     PutAbSample: _grpc.UnaryUnaryMultiCallable[_evals_pb2.PutAbSampleRequest, _evals_pb2.PutAbSampleResponse]
     """PutAbSample appends one cumulative metric sample of an enrolled
@@ -102,6 +114,7 @@ class EvalServiceStub:
     is idempotent. One backend write, no read.
     Errors: the common ones; FIELD_INVALID when experiment or session_id is
     empty or `at` is unset.
+    Roles: service and operator.
     """
     ListAbSamples: _grpc.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]
     """ListAbSamples returns the samples of one experiment (optionally of one
@@ -109,17 +122,20 @@ class EvalServiceStub:
     (AIP-158); an empty `next_page_token` is the only end signal.
     Errors: the common ones; FIELD_INVALID when experiment is empty;
     PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     PutAbSnapshot: _grpc.UnaryUnaryMultiCallable[_evals_pb2.PutAbSnapshotRequest, _evals_pb2.PutAbSnapshotResponse]
     """PutAbSnapshot stores the latest A/B aggregate of an agent, replacing the
     previous one (last write wins), so a replacement host with no local
     sessions can serve the A/B surface. One backend write, no read.
     Errors: the common ones.
+    Roles: service and operator.
     """
     GetAbSnapshot: _grpc.UnaryUnaryMultiCallable[_evals_pb2.GetAbSnapshotRequest, _evals_pb2.GetAbSnapshotResponse]
     """GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
     never an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -157,6 +173,14 @@ class EvalServiceAsyncStub(EvalServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -165,16 +189,19 @@ class EvalServiceAsyncStub(EvalServiceStub):
     progresses and finishes): the stored snapshot is replaced and its
     update time set to the server's clock. One backend write, no read.
     Errors: the common ones; FIELD_INVALID when run_id is empty.
+    Roles: service and operator.
     """
     GetEvalRun: _aio.UnaryUnaryMultiCallable[_evals_pb2.GetEvalRunRequest, _evals_pb2.GetEvalRunResponse]  # type: ignore[assignment]
     """GetEvalRun reads one eval run.
     Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
     this id (it was never written, was deleted, or was pruned): list again.
+    Roles: service and operator.
     """
     DeleteEvalRun: _aio.UnaryUnaryMultiCallable[_evals_pb2.DeleteEvalRunRequest, _evals_pb2.DeleteEvalRunResponse]  # type: ignore[assignment]
     """DeleteEvalRun removes one eval run; deleting a missing run succeeds with
     `existed = false`.
     Errors: the common ones; FIELD_INVALID when run_id is empty.
+    Roles: service and operator.
     """
     ListEvalRuns: _aio.UnaryUnaryMultiCallable[_evals_pb2.ListEvalRunsRequest, _evals_pb2.ListEvalRunsResponse]  # type: ignore[assignment]
     """ListEvalRuns returns every stored run of an agent, in run-id key order,
@@ -187,6 +214,7 @@ class EvalServiceAsyncStub(EvalServiceStub):
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
     FIELD_INVALID (negative history_window).
+    Roles: service and operator.
     """
     PutAbSample: _aio.UnaryUnaryMultiCallable[_evals_pb2.PutAbSampleRequest, _evals_pb2.PutAbSampleResponse]  # type: ignore[assignment]
     """PutAbSample appends one cumulative metric sample of an enrolled
@@ -196,6 +224,7 @@ class EvalServiceAsyncStub(EvalServiceStub):
     is idempotent. One backend write, no read.
     Errors: the common ones; FIELD_INVALID when experiment or session_id is
     empty or `at` is unset.
+    Roles: service and operator.
     """
     ListAbSamples: _aio.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]  # type: ignore[assignment]
     """ListAbSamples returns the samples of one experiment (optionally of one
@@ -203,17 +232,20 @@ class EvalServiceAsyncStub(EvalServiceStub):
     (AIP-158); an empty `next_page_token` is the only end signal.
     Errors: the common ones; FIELD_INVALID when experiment is empty;
     PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     PutAbSnapshot: _aio.UnaryUnaryMultiCallable[_evals_pb2.PutAbSnapshotRequest, _evals_pb2.PutAbSnapshotResponse]  # type: ignore[assignment]
     """PutAbSnapshot stores the latest A/B aggregate of an agent, replacing the
     previous one (last write wins), so a replacement host with no local
     sessions can serve the A/B surface. One backend write, no read.
     Errors: the common ones.
+    Roles: service and operator.
     """
     GetAbSnapshot: _aio.UnaryUnaryMultiCallable[_evals_pb2.GetAbSnapshotRequest, _evals_pb2.GetAbSnapshotResponse]  # type: ignore[assignment]
     """GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
     never an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -250,6 +282,14 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -262,6 +302,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         progresses and finishes): the stored snapshot is replaced and its
         update time set to the server's clock. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -273,6 +314,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetEvalRun reads one eval run.
         Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
         this id (it was never written, was deleted, or was pruned): list again.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -284,6 +326,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         """DeleteEvalRun removes one eval run; deleting a missing run succeeds with
         `existed = false`.
         Errors: the common ones; FIELD_INVALID when run_id is empty.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -302,6 +345,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /
         FIELD_INVALID (negative history_window).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -317,6 +361,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         is idempotent. One backend write, no read.
         Errors: the common ones; FIELD_INVALID when experiment or session_id is
         empty or `at` is unset.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -330,6 +375,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         (AIP-158); an empty `next_page_token` is the only end signal.
         Errors: the common ones; FIELD_INVALID when experiment is empty;
         PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -342,6 +388,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         previous one (last write wins), so a replacement host with no local
         sessions can serve the A/B surface. One backend write, no read.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -353,6 +400,7 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
         never an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
 def add_EvalServiceServicer_to_server(servicer: EvalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -52,6 +52,14 @@ class JournalServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -109,6 +117,14 @@ class JournalServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def AppendTurn(self, request, context):
@@ -122,6 +138,7 @@ class JournalServiceServicer:
         INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
         different record: nothing was written; use a fresh id). A retry with the
         same request_id and record returns the first attempt's record id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +151,7 @@ class JournalServiceServicer:
         flushed. An agent that never appended gets one message with
         `found = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,6 +162,7 @@ class JournalServiceServicer:
         at a time (AIP-158). An empty `next_page_token` is the only end signal.
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,6 +172,7 @@ class JournalServiceServicer:
         """ReadArchive streams one rotated journal as JSONL, in record id order.
         Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
         that name for this agent: list the archives again).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,6 +236,14 @@ class JournalService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

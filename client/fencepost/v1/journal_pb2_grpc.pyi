@@ -53,6 +53,14 @@ class JournalServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -70,6 +78,7 @@ class JournalServiceStub:
     INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
     different record: nothing was written; use a fresh id). A retry with the
     same request_id and record returns the first attempt's record id.
+    Roles: service and operator.
     """
     ReadJournal: _grpc.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -78,17 +87,20 @@ class JournalServiceStub:
     flushed. An agent that never appended gets one message with
     `found = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ListArchives: _grpc.UnaryUnaryMultiCallable[_journal_pb2.ListArchivesRequest, _journal_pb2.ListArchivesResponse]
     """ListArchives lists the agent's rotated journals, oldest first, one page
     at a time (AIP-158). An empty `next_page_token` is the only end signal.
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     ReadArchive: _grpc.UnaryStreamMultiCallable[_journal_pb2.ReadArchiveRequest, _journal_pb2.ReadArchiveResponse]
     """ReadArchive streams one rotated journal as JSONL, in record id order.
     Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
     that name for this agent: list the archives again).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -119,6 +131,14 @@ class JournalServiceAsyncStub(JournalServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -133,6 +153,7 @@ class JournalServiceAsyncStub(JournalServiceStub):
     INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
     different record: nothing was written; use a fresh id). A retry with the
     same request_id and record returns the first attempt's record id.
+    Roles: service and operator.
     """
     ReadJournal: _aio.UnaryStreamMultiCallable[_journal_pb2.ReadJournalRequest, _journal_pb2.ReadJournalResponse]  # type: ignore[assignment]
     """ReadJournal streams the agent's live journal as JSONL (one record per
@@ -141,17 +162,20 @@ class JournalServiceAsyncStub(JournalServiceStub):
     flushed. An agent that never appended gets one message with
     `found = false`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ListArchives: _aio.UnaryUnaryMultiCallable[_journal_pb2.ListArchivesRequest, _journal_pb2.ListArchivesResponse]  # type: ignore[assignment]
     """ListArchives lists the agent's rotated journals, oldest first, one page
     at a time (AIP-158). An empty `next_page_token` is the only end signal.
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+    Roles: service and operator.
     """
     ReadArchive: _aio.UnaryStreamMultiCallable[_journal_pb2.ReadArchiveRequest, _journal_pb2.ReadArchiveResponse]  # type: ignore[assignment]
     """ReadArchive streams one rotated journal as JSONL, in record id order.
     Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
     that name for this agent: list the archives again).
+    Roles: service and operator.
     """
 
 class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -181,6 +205,14 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -199,6 +231,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
         different record: nothing was written; use a fresh id). A retry with the
         same request_id and record returns the first attempt's record id.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -213,6 +246,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         flushed. An agent that never appended gets one message with
         `found = false`.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -225,6 +259,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         at a time (AIP-158). An empty `next_page_token` is the only end signal.
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -236,6 +271,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReadArchive streams one rotated journal as JSONL, in record id order.
         Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
         that name for this agent: list the archives again).
+        Roles: service and operator.
         """
 
 def add_JournalServiceServicer_to_server(servicer: JournalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -496,7 +496,9 @@ class ListKeysRequest(_message.Message):
     page_size: _builtins.int
     """As ListRequest.page_size."""
     page_token: _builtins.str
-    """As ListRequest.page_token."""
+    """As ListRequest.page_token (a List token resumes a ListKeys of the same
+    prefix, and the other way round: both walk the same positions).
+    """
     def __init__(
         self,
         *,

@@ -51,6 +51,14 @@ class KvServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -137,6 +145,14 @@ class KvServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def Put(self, request, context):
@@ -144,6 +160,7 @@ class KvServiceServicer:
         Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
         request_id was used for a different request). Idempotent when retried
         with the same request_id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +169,7 @@ class KvServiceServicer:
     def Get(self, request, context):
         """Get reads a key. A miss is `found = false`, never an error.
         Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +178,7 @@ class KvServiceServicer:
     def Delete(self, request, context):
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
         Errors: the common ones; REQUEST_ID_REUSED as Put.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,6 +190,7 @@ class KvServiceServicer:
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +199,7 @@ class KvServiceServicer:
     def GetWithVersion(self, request, context):
         """GetWithVersion reads a key and its version (the same as Get; kept as its
         own RPC so the contract mirrors the compare-and-set group).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +210,7 @@ class KvServiceServicer:
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +222,7 @@ class KvServiceServicer:
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
         expected_version is empty.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,6 +232,7 @@ class KvServiceServicer:
         """DeleteIfVersion deletes a key only when its current version equals
         `expected_version` (the conditional delete a lock release needs).
         Errors: as PutIfVersion.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,6 +241,7 @@ class KvServiceServicer:
     def ListKeys(self, request, context):
         """ListKeys returns every key under a prefix in key order, paginated, no values.
         Errors: as List.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -233,6 +258,7 @@ class KvServiceServicer:
         `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
         branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
         keys kept changing under concurrent writers: retry the whole transaction).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -325,6 +351,14 @@ class KvService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

@@ -52,6 +52,14 @@ class KvServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -63,14 +71,17 @@ class KvServiceStub:
     Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
     request_id was used for a different request). Idempotent when retried
     with the same request_id.
+    Roles: service and operator.
     """
     Get: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]
     """Get reads a key. A miss is `found = false`, never an error.
     Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     Delete: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
     Errors: the common ones; REQUEST_ID_REUSED as Put.
+    Roles: service and operator.
     """
     List: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]
     """List returns the entries under a prefix in key order, one page at a time
@@ -78,16 +89,19 @@ class KvServiceStub:
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     GetWithVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.GetWithVersionRequest, _kv_pb2.GetWithVersionResponse]
     """GetWithVersion reads a key and its version (the same as Get; kept as its
     own RPC so the contract mirrors the compare-and-set group).
+    Roles: service and operator.
     """
     PutIfAbsent: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutIfAbsentRequest, _kv_pb2.PutIfAbsentResponse]
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
     PutIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]
     """PutIfVersion overwrites a key only when its current version equals
@@ -95,15 +109,18 @@ class KvServiceStub:
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
     expected_version is empty.
+    Roles: service and operator.
     """
     DeleteIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]
     """DeleteIfVersion deletes a key only when its current version equals
     `expected_version` (the conditional delete a lock release needs).
     Errors: as PutIfVersion.
+    Roles: service and operator.
     """
     ListKeys: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListKeysRequest, _kv_pb2.ListKeysResponse]
     """ListKeys returns every key under a prefix in key order, paginated, no values.
     Errors: as List.
+    Roles: service and operator.
     """
     Txn: _grpc.UnaryUnaryMultiCallable[_kv_pb2.TxnRequest, _kv_pb2.TxnResponse]
     """Txn evaluates every compare; when all hold it applies `success_ops`,
@@ -116,6 +133,7 @@ class KvServiceStub:
     `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
     branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
     keys kept changing under concurrent writers: retry the whole transaction).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -145,6 +163,14 @@ class KvServiceAsyncStub(KvServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -153,14 +179,17 @@ class KvServiceAsyncStub(KvServiceStub):
     Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
     request_id was used for a different request). Idempotent when retried
     with the same request_id.
+    Roles: service and operator.
     """
     Get: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetRequest, _kv_pb2.GetResponse]  # type: ignore[assignment]
     """Get reads a key. A miss is `found = false`, never an error.
     Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     Delete: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteRequest, _kv_pb2.DeleteResponse]  # type: ignore[assignment]
     """Delete removes a key; deleting a missing key succeeds with `existed = false`.
     Errors: the common ones; REQUEST_ID_REUSED as Put.
+    Roles: service and operator.
     """
     List: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]  # type: ignore[assignment]
     """List returns the entries under a prefix in key order, one page at a time
@@ -168,16 +197,19 @@ class KvServiceAsyncStub(KvServiceStub):
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+    Roles: service and operator.
     """
     GetWithVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.GetWithVersionRequest, _kv_pb2.GetWithVersionResponse]  # type: ignore[assignment]
     """GetWithVersion reads a key and its version (the same as Get; kept as its
     own RPC so the contract mirrors the compare-and-set group).
+    Roles: service and operator.
     """
     PutIfAbsent: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutIfAbsentRequest, _kv_pb2.PutIfAbsentResponse]  # type: ignore[assignment]
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
     Errors: the common ones.
+    Roles: service and operator.
     """
     PutIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]  # type: ignore[assignment]
     """PutIfVersion overwrites a key only when its current version equals
@@ -185,15 +217,18 @@ class KvServiceAsyncStub(KvServiceStub):
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
     expected_version is empty.
+    Roles: service and operator.
     """
     DeleteIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]  # type: ignore[assignment]
     """DeleteIfVersion deletes a key only when its current version equals
     `expected_version` (the conditional delete a lock release needs).
     Errors: as PutIfVersion.
+    Roles: service and operator.
     """
     ListKeys: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListKeysRequest, _kv_pb2.ListKeysResponse]  # type: ignore[assignment]
     """ListKeys returns every key under a prefix in key order, paginated, no values.
     Errors: as List.
+    Roles: service and operator.
     """
     Txn: _aio.UnaryUnaryMultiCallable[_kv_pb2.TxnRequest, _kv_pb2.TxnResponse]  # type: ignore[assignment]
     """Txn evaluates every compare; when all hold it applies `success_ops`,
@@ -206,6 +241,7 @@ class KvServiceAsyncStub(KvServiceStub):
     `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
     branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
     keys kept changing under concurrent writers: retry the whole transaction).
+    Roles: service and operator.
     """
 
 class KvServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -234,6 +270,14 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -246,6 +290,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
         request_id was used for a different request). Idempotent when retried
         with the same request_id.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -256,6 +301,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.GetResponse, _abc.Awaitable[_kv_pb2.GetResponse]]:
         """Get reads a key. A miss is `found = false`, never an error.
         Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -266,6 +312,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.DeleteResponse, _abc.Awaitable[_kv_pb2.DeleteResponse]]:
         """Delete removes a key; deleting a missing key succeeds with `existed = false`.
         Errors: the common ones; REQUEST_ID_REUSED as Put.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -279,6 +326,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -289,6 +337,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.GetWithVersionResponse, _abc.Awaitable[_kv_pb2.GetWithVersionResponse]]:
         """GetWithVersion reads a key and its version (the same as Get; kept as its
         own RPC so the contract mirrors the compare-and-set group).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -301,6 +350,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -314,6 +364,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
         expected_version is empty.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -325,6 +376,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         """DeleteIfVersion deletes a key only when its current version equals
         `expected_version` (the conditional delete a lock release needs).
         Errors: as PutIfVersion.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -335,6 +387,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kv_pb2.ListKeysResponse, _abc.Awaitable[_kv_pb2.ListKeysResponse]]:
         """ListKeys returns every key under a prefix in key order, paginated, no values.
         Errors: as List.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -353,6 +406,7 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
         branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
         keys kept changing under concurrent writers: retry the whole transaction).
+        Roles: service and operator.
         """
 
 def add_KvServiceServicer_to_server(servicer: KvServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -48,6 +48,14 @@ class LedgerServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -164,6 +172,14 @@ class LedgerServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -182,6 +198,7 @@ class LedgerServiceServicer:
         (names plus `metadata`) at most 256 KiB: over any of them is
         INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +208,7 @@ class LedgerServiceServicer:
         """ResolveSession returns the session of (agent, session_key).
         Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
         UNAVAILABLE during an outage (retry; never open a second session then).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +218,7 @@ class LedgerServiceServicer:
         """GetSession returns a session's head: seq, lease, pending inbox count,
         fork parent and times.
         Errors: SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -215,6 +234,7 @@ class LedgerServiceServicer:
         hold fewer sessions than page_size (even none) with a next_page_token.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +247,7 @@ class LedgerServiceServicer:
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
         at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
         child_session_key already names another session (resolve it instead).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -241,6 +262,7 @@ class LedgerServiceServicer:
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
         kept changing under concurrent writers: retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -252,6 +274,7 @@ class LedgerServiceServicer:
         generation only, so a retry after an ambiguous failure still succeeds.
         Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
         SESSION_NOT_FOUND; the common ones (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -266,6 +289,7 @@ class LedgerServiceServicer:
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
         hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
         (deliveries kept racing the release: retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -292,6 +316,7 @@ class LedgerServiceServicer:
         ABORTED / TXN_CONTENDED (the session's activity kept changing under the
         write, from concurrent empty commits; retry with the same commit_id);
         SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -302,6 +327,7 @@ class LedgerServiceServicer:
         included), in pages read from the backend one at a time, so any length
         reads in bounded memory.
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -317,6 +343,7 @@ class LedgerServiceServicer:
         (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
         concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -325,6 +352,7 @@ class LedgerServiceServicer:
     def ListInbox(self, request, context):
         """ListInbox returns pending events in arrival order (AIP-158 paging).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -335,6 +363,7 @@ class LedgerServiceServicer:
         each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
         once `generation` is no longer current (stop working on the session).
         Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -346,6 +375,7 @@ class LedgerServiceServicer:
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -371,6 +401,7 @@ class LedgerServiceServicer:
         forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
         (nothing of the session is left); the common ones (retry: a delete is
         idempotent until it completes).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -485,6 +516,14 @@ class LedgerService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,

@@ -49,6 +49,14 @@ class LedgerServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -71,16 +79,19 @@ class LedgerServiceStub:
     (names plus `metadata`) at most 256 KiB: over any of them is
     INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ResolveSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]
     """ResolveSession returns the session of (agent, session_key).
     Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
     UNAVAILABLE during an outage (retry; never open a second session then).
+    Roles: service and operator.
     """
     GetSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.GetSessionRequest, _ledger_pb2.GetSessionResponse]
     """GetSession returns a session's head: seq, lease, pending inbox count,
     fork parent and times.
     Errors: SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ListSessions: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListSessionsRequest, _ledger_pb2.ListSessionsResponse]
     """ListSessions returns an agent's sessions, newest activity first, stopping
@@ -92,6 +103,7 @@ class LedgerServiceStub:
     hold fewer sessions than page_size (even none) with a next_page_token.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
+    Roles: service and operator.
     """
     Fork: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ForkRequest, _ledger_pb2.ForkResponse]
     """Fork creates a child session whose log is the parent's records
@@ -100,6 +112,7 @@ class LedgerServiceStub:
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
+    Roles: service and operator.
     """
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]
     """AcquireLease grants the lease when there is none or it expired by the
@@ -110,6 +123,7 @@ class LedgerServiceStub:
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
     kept changing under concurrent writers: retry); the common ones.
+    Roles: service and operator.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
     """RenewLease extends the lease while `generation` is still current, even
@@ -117,6 +131,7 @@ class LedgerServiceStub:
     generation only, so a retry after an ambiguous failure still succeeds.
     Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
     SESSION_NOT_FOUND; the common ones (retry).
+    Roles: service and operator.
     """
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ReleaseLeaseRequest, _ledger_pb2.ReleaseLeaseResponse]
     """ReleaseLease gives the lease up and keeps the generation. Idempotent.
@@ -127,6 +142,7 @@ class LedgerServiceStub:
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
     hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
     (deliveries kept racing the release: retry); the common ones.
+    Roles: service and operator.
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -149,12 +165,14 @@ class LedgerServiceStub:
     ABORTED / TXN_CONTENDED (the session's activity kept changing under the
     write, from concurrent empty commits; retry with the same commit_id);
     SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ReadLog: _grpc.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
     reads in bounded memory.
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+    Roles: service and operator.
     """
     Deliver: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.DeliverRequest, _ledger_pb2.DeliverResponse]
     """Deliver parks an event in the session inbox and marks the session
@@ -166,16 +184,19 @@ class LedgerServiceStub:
     (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
     concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
+    Roles: service and operator.
     """
     ListInbox: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]
     """ListInbox returns pending events in arrival order (AIP-158 paging).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+    Roles: service and operator.
     """
     WatchInbox: _grpc.UnaryStreamMultiCallable[_ledger_pb2.WatchInboxRequest, _ledger_pb2.WatchInboxResponse]
     """WatchInbox streams, for the live holder, the current backlog and then
     each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
     once `generation` is no longer current (stop working on the session).
     Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+    Roles: service and operator.
     """
     ClaimOrphan: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ClaimOrphanRequest, _ledger_pb2.ClaimOrphanResponse]
     """ClaimOrphan hands the caller an orphaned session (events pending, lease
@@ -183,6 +204,7 @@ class LedgerServiceStub:
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    Roles: service and operator.
     """
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]
     """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
@@ -204,6 +226,7 @@ class LedgerServiceStub:
     forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
     (nothing of the session is left); the common ones (retry: a delete is
     idempotent until it completes).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -230,6 +253,14 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -249,16 +280,19 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     (names plus `metadata`) at most 256 KiB: over any of them is
     INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones.
+    Roles: service and operator.
     """
     ResolveSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]  # type: ignore[assignment]
     """ResolveSession returns the session of (agent, session_key).
     Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
     UNAVAILABLE during an outage (retry; never open a second session then).
+    Roles: service and operator.
     """
     GetSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.GetSessionRequest, _ledger_pb2.GetSessionResponse]  # type: ignore[assignment]
     """GetSession returns a session's head: seq, lease, pending inbox count,
     fork parent and times.
     Errors: SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ListSessions: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListSessionsRequest, _ledger_pb2.ListSessionsResponse]  # type: ignore[assignment]
     """ListSessions returns an agent's sessions, newest activity first, stopping
@@ -270,6 +304,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     hold fewer sessions than page_size (even none) with a next_page_token.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
+    Roles: service and operator.
     """
     Fork: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ForkRequest, _ledger_pb2.ForkResponse]  # type: ignore[assignment]
     """Fork creates a child session whose log is the parent's records
@@ -278,6 +313,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
+    Roles: service and operator.
     """
     AcquireLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
     """AcquireLease grants the lease when there is none or it expired by the
@@ -288,6 +324,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
     kept changing under concurrent writers: retry); the common ones.
+    Roles: service and operator.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """RenewLease extends the lease while `generation` is still current, even
@@ -295,6 +332,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     generation only, so a retry after an ambiguous failure still succeeds.
     Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
     SESSION_NOT_FOUND; the common ones (retry).
+    Roles: service and operator.
     """
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ReleaseLeaseRequest, _ledger_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     """ReleaseLease gives the lease up and keeps the generation. Idempotent.
@@ -305,6 +343,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     the inbox with a Commit, then release again); LEASE_FENCED (you no longer
     hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
     (deliveries kept racing the release: retry); the common ones.
+    Roles: service and operator.
     """
     Commit: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CommitRequest, _ledger_pb2.CommitResponse]  # type: ignore[assignment]
     """Commit appends records at expected_seq + 1..., removes the consumed inbox
@@ -327,12 +366,14 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     ABORTED / TXN_CONTENDED (the session's activity kept changing under the
     write, from concurrent empty commits; retry with the same commit_id);
     SESSION_NOT_FOUND; the common ones.
+    Roles: service and operator.
     """
     ReadLog: _aio.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]  # type: ignore[assignment]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
     reads in bounded memory.
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+    Roles: service and operator.
     """
     Deliver: _aio.UnaryUnaryMultiCallable[_ledger_pb2.DeliverRequest, _ledger_pb2.DeliverResponse]  # type: ignore[assignment]
     """Deliver parks an event in the session inbox and marks the session
@@ -344,16 +385,19 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
     concurrent writers); the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
+    Roles: service and operator.
     """
     ListInbox: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]  # type: ignore[assignment]
     """ListInbox returns pending events in arrival order (AIP-158 paging).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+    Roles: service and operator.
     """
     WatchInbox: _aio.UnaryStreamMultiCallable[_ledger_pb2.WatchInboxRequest, _ledger_pb2.WatchInboxResponse]  # type: ignore[assignment]
     """WatchInbox streams, for the live holder, the current backlog and then
     each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
     once `generation` is no longer current (stop working on the session).
     Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+    Roles: service and operator.
     """
     ClaimOrphan: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ClaimOrphanRequest, _ledger_pb2.ClaimOrphanResponse]  # type: ignore[assignment]
     """ClaimOrphan hands the caller an orphaned session (events pending, lease
@@ -361,6 +405,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     lease, waiting up to `wait` for one. `found = false` when none turned up.
     The caller serves the session: drain the inbox, commit, release.
     Errors: the common ones.
+    Roles: service and operator.
     """
     DeleteSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.DeleteSessionRequest, _ledger_pb2.DeleteSessionResponse]  # type: ignore[assignment]
     """DeleteSession erases a session (docs/lifecycle.md, "Erasure"). Its first
@@ -382,6 +427,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
     (nothing of the session is left); the common ones (retry: a delete is
     idempotent until it completes).
+    Roles: service and operator.
     """
 
 class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -407,6 +453,14 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
 
     Lease errors (FAILED_PRECONDITION; never retry as is):
     - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -430,6 +484,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         (names plus `metadata`) at most 256 KiB: over any of them is
         INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -441,6 +496,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         """ResolveSession returns the session of (agent, session_key).
         Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
         UNAVAILABLE during an outage (retry; never open a second session then).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -452,6 +508,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetSession returns a session's head: seq, lease, pending inbox count,
         fork parent and times.
         Errors: SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -469,6 +526,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         hold fewer sessions than page_size (even none) with a next_page_token.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -483,6 +541,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
         at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
         child_session_key already names another session (resolve it instead).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -499,6 +558,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
         kept changing under concurrent writers: retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -512,6 +572,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         generation only, so a retry after an ambiguous failure still succeeds.
         Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
         SESSION_NOT_FOUND; the common ones (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -528,6 +589,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         the inbox with a Commit, then release again); LEASE_FENCED (you no longer
         hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
         (deliveries kept racing the release: retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -556,6 +618,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         ABORTED / TXN_CONTENDED (the session's activity kept changing under the
         write, from concurrent empty commits; retry with the same commit_id);
         SESSION_NOT_FOUND; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -568,6 +631,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         included), in pages read from the backend one at a time, so any length
         reads in bounded memory.
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -585,6 +649,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
         concurrent writers); the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -595,6 +660,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.ListInboxResponse, _abc.Awaitable[_ledger_pb2.ListInboxResponse]]:
         """ListInbox returns pending events in arrival order (AIP-158 paging).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -607,6 +673,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
         once `generation` is no longer current (stop working on the session).
         Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -620,6 +687,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         lease, waiting up to `wait` for one. `found = false` when none turned up.
         The caller serves the session: drain the inbox, commit, release.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -647,6 +715,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
         (nothing of the session is left); the common ones (retry: a delete is
         idempotent until it completes).
+        Roles: service and operator.
         """
 
 def add_LedgerServiceServicer_to_server(servicer: LedgerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -64,7 +64,9 @@ class _MemoryTrustEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryTru
     MEMORY_TRUST_OWN: _MemoryTrust.ValueType  # 1
     """The agent's own conclusion."""
     MEMORY_TRUST_OPERATOR: _MemoryTrust.ValueType  # 2
-    """Said by an operator."""
+    """Said by an operator. Only the operator role may set it (Append, Import,
+    ReassertTrust): a service token that tries is PERMISSION_DENIED.
+    """
     MEMORY_TRUST_USER: _MemoryTrust.ValueType  # 3
     """Said by an authorized user."""
     MEMORY_TRUST_UNKNOWN: _MemoryTrust.ValueType  # 4
@@ -80,7 +82,9 @@ MEMORY_TRUST_UNSPECIFIED: MemoryTrust.ValueType  # 0
 MEMORY_TRUST_OWN: MemoryTrust.ValueType  # 1
 """The agent's own conclusion."""
 MEMORY_TRUST_OPERATOR: MemoryTrust.ValueType  # 2
-"""Said by an operator."""
+"""Said by an operator. Only the operator role may set it (Append, Import,
+ReassertTrust): a service token that tries is PERMISSION_DENIED.
+"""
 MEMORY_TRUST_USER: MemoryTrust.ValueType  # 3
 """Said by an authorized user."""
 MEMORY_TRUST_UNKNOWN: MemoryTrust.ValueType  # 4
@@ -405,7 +409,9 @@ class MemoryServiceAppendRequest(_message.Message):
 
     @_builtins.property
     def provenance(self) -> Global___MemoryProvenance:
-        """Where the fact came from (optional; no trust label reads as unknown)."""
+        """Where the fact came from (optional; no trust label reads as unknown).
+        MEMORY_TRUST_OPERATOR needs the operator role.
+        """
 
     def __init__(
         self,

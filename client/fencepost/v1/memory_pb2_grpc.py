@@ -56,6 +56,14 @@ class MemoryServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -157,6 +165,14 @@ class MemoryServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def Append(self, request, context):
@@ -165,8 +181,14 @@ class MemoryServiceServicer:
         over 4096 UTF-8 bytes: shorten or split it, nothing was written);
         INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-        (`supersedes` is not a live entry of this agent: re-read, do not retry).
+        (`supersedes` is not a live entry of this agent: re-read, do not retry);
+        PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+        trust label: drop the label or ask an operator; metadata `role`).
         Idempotent when retried with the same request_id.
+        Roles: service and operator; the operator trust label (provenance.trust)
+        needs the operator role (a service token gets PERMISSION_DENIED /
+        PERMISSION_DENIED and nothing is written: only an operator may say that
+        an operator said it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -177,6 +199,7 @@ class MemoryServiceServicer:
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,6 +211,7 @@ class MemoryServiceServicer:
         included and marked. A query with no letters or digits matches nothing.
         Each returned entry's usage counters are bumped.
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +221,7 @@ class MemoryServiceServicer:
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
         Errors: the common ones. Idempotent with the same request_id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,8 +229,11 @@ class MemoryServiceServicer:
 
     def Audit(self, request, context):
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record.
-        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        first, paginated (AIP-158). The operator's view of the record: it shows
+        what Forget hid, so it needs the operator role.
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+        PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,6 +244,7 @@ class MemoryServiceServicer:
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,6 +258,7 @@ class MemoryServiceServicer:
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
         this agent with that id: re-read).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -237,6 +267,7 @@ class MemoryServiceServicer:
     def Unpin(self, request, context):
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
         holds no pin. Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -247,6 +278,7 @@ class MemoryServiceServicer:
         what the prompt carries (effective pins that are live and true now);
         `allocated` is every pin holding budget (superseded and out-of-window
         pins included). Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -255,6 +287,7 @@ class MemoryServiceServicer:
     def Topics(self, request, context):
         """Topics returns one topic per about key over the entries true now,
         ordered by count descending, then name. Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -269,6 +302,7 @@ class MemoryServiceServicer:
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
         (nothing of the call is written).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -281,6 +315,7 @@ class MemoryServiceServicer:
         4096 bytes, skipping pinned entries; newest first with ties on
         created_at broken by id ascending, presented oldest first).
         Errors: the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -388,6 +423,14 @@ class MemoryService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

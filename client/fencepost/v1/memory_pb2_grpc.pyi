@@ -57,6 +57,14 @@ class MemoryServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -69,14 +77,21 @@ class MemoryServiceStub:
     over 4096 UTF-8 bytes: shorten or split it, nothing was written);
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-    (`supersedes` is not a live entry of this agent: re-read, do not retry).
+    (`supersedes` is not a live entry of this agent: re-read, do not retry);
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+    trust label: drop the label or ask an operator; metadata `role`).
     Idempotent when retried with the same request_id.
+    Roles: service and operator; the operator trust label (provenance.trust)
+    needs the operator role (a service token gets PERMISSION_DENIED /
+    PERMISSION_DENIED and nothing is written: only an operator may say that
+    an operator said it).
     """
     List: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    Roles: service and operator.
     """
     Search: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]
     """Search returns live entries matching every token of the query (content
@@ -84,22 +99,28 @@ class MemoryServiceStub:
     included and marked. A query with no letters or digits matches nothing.
     Each returned entry's usage counters are bumped.
     Errors: the common ones.
+    Roles: service and operator.
     """
     Forget: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
     Errors: the common ones. Idempotent with the same request_id.
+    Roles: service and operator.
     """
     Audit: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record.
-    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    first, paginated (AIP-158). The operator's view of the record: it shows
+    what Forget hid, so it needs the operator role.
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+    PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     ReassertTrust: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]
     """Pin puts a live entry into the pinned core (2048 bytes of content).
@@ -109,20 +130,24 @@ class MemoryServiceStub:
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
     this agent with that id: re-read).
+    Roles: service and operator.
     """
     Unpin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
     holds no pin. Errors: the common ones.
+    Roles: service and operator.
     """
     Pinned: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]
     """Pinned returns the pinned set in pin order: `current` (default) is
     what the prompt carries (effective pins that are live and true now);
     `allocated` is every pin holding budget (superseded and out-of-window
     pins included). Errors: the common ones.
+    Roles: service and operator.
     """
     Topics: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceTopicsRequest, _memory_pb2.MemoryServiceTopicsResponse]
     """Topics returns one topic per about key over the entries true now,
     ordered by count descending, then name. Errors: the common ones.
+    Roles: service and operator.
     """
     Import: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
@@ -133,6 +158,7 @@ class MemoryServiceStub:
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
     (nothing of the call is written).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]
     """BuildInjection returns the three disjoint blocks a turn injects: the
@@ -141,6 +167,7 @@ class MemoryServiceStub:
     4096 bytes, skipping pinned entries; newest first with ties on
     created_at broken by id ascending, presented oldest first).
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -175,6 +202,14 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -184,14 +219,21 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     over 4096 UTF-8 bytes: shorten or split it, nothing was written);
     INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-    (`supersedes` is not a live entry of this agent: re-read, do not retry).
+    (`supersedes` is not a live entry of this agent: re-read, do not retry);
+    PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+    trust label: drop the label or ask an operator; metadata `role`).
     Idempotent when retried with the same request_id.
+    Roles: service and operator; the operator trust label (provenance.trust)
+    needs the operator role (a service token gets PERMISSION_DENIED /
+    PERMISSION_DENIED and nothing is written: only an operator may say that
+    an operator said it).
     """
     List: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceListRequest, _memory_pb2.MemoryServiceListResponse]  # type: ignore[assignment]
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
     (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    Roles: service and operator.
     """
     Search: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]  # type: ignore[assignment]
     """Search returns live entries matching every token of the query (content
@@ -199,22 +241,28 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     included and marked. A query with no letters or digits matches nothing.
     Each returned entry's usage counters are bumped.
     Errors: the common ones.
+    Roles: service and operator.
     """
     Forget: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]  # type: ignore[assignment]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
     Errors: the common ones. Idempotent with the same request_id.
+    Roles: service and operator.
     """
     Audit: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]  # type: ignore[assignment]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record.
-    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    first, paginated (AIP-158). The operator's view of the record: it shows
+    what Forget hid, so it needs the operator role.
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+    PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     ReassertTrust: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceReassertTrustRequest, _memory_pb2.MemoryServiceReassertTrustResponse]  # type: ignore[assignment]
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
     Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]  # type: ignore[assignment]
     """Pin puts a live entry into the pinned core (2048 bytes of content).
@@ -224,20 +272,24 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
     this agent with that id: re-read).
+    Roles: service and operator.
     """
     Unpin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]  # type: ignore[assignment]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
     holds no pin. Errors: the common ones.
+    Roles: service and operator.
     """
     Pinned: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]  # type: ignore[assignment]
     """Pinned returns the pinned set in pin order: `current` (default) is
     what the prompt carries (effective pins that are live and true now);
     `allocated` is every pin holding budget (superseded and out-of-window
     pins included). Errors: the common ones.
+    Roles: service and operator.
     """
     Topics: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceTopicsRequest, _memory_pb2.MemoryServiceTopicsResponse]  # type: ignore[assignment]
     """Topics returns one topic per about key over the entries true now,
     ordered by count descending, then name. Errors: the common ones.
+    Roles: service and operator.
     """
     Import: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]  # type: ignore[assignment]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
@@ -248,6 +300,7 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
     (nothing of the call is written).
+    Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]  # type: ignore[assignment]
     """BuildInjection returns the three disjoint blocks a turn injects: the
@@ -256,6 +309,7 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     4096 bytes, skipping pinned entries; newest first with ties on
     created_at broken by id ascending, presented oldest first).
     Errors: the common ones.
+    Roles: service and operator.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -289,6 +343,14 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -302,8 +364,14 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         over 4096 UTF-8 bytes: shorten or split it, nothing was written);
         INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-        (`supersedes` is not a live entry of this agent: re-read, do not retry).
+        (`supersedes` is not a live entry of this agent: re-read, do not retry);
+        PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+        trust label: drop the label or ask an operator; metadata `role`).
         Idempotent when retried with the same request_id.
+        Roles: service and operator; the operator trust label (provenance.trust)
+        needs the operator role (a service token gets PERMISSION_DENIED /
+        PERMISSION_DENIED and nothing is written: only an operator may say that
+        an operator said it).
         """
 
     @_abc_1.abstractmethod
@@ -316,6 +384,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
         (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -329,6 +398,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         included and marked. A query with no letters or digits matches nothing.
         Each returned entry's usage counters are bumped.
         Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -340,6 +410,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
         Errors: the common ones. Idempotent with the same request_id.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -349,8 +420,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceAuditResponse, _abc.Awaitable[_memory_pb2.MemoryServiceAuditResponse]]:
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record.
-        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        first, paginated (AIP-158). The operator's view of the record: it shows
+        what Forget hid, so it needs the operator role.
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+        PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -363,6 +437,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
         Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -378,6 +453,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
         this agent with that id: re-read).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -388,6 +464,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceUnpinResponse, _abc.Awaitable[_memory_pb2.MemoryServiceUnpinResponse]]:
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
         holds no pin. Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -400,6 +477,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         what the prompt carries (effective pins that are live and true now);
         `allocated` is every pin holding budget (superseded and out-of-window
         pins included). Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -410,6 +488,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceTopicsResponse, _abc.Awaitable[_memory_pb2.MemoryServiceTopicsResponse]]:
         """Topics returns one topic per about key over the entries true now,
         ordered by count descending, then name. Errors: the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -426,6 +505,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
         (nothing of the call is written).
+        Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
@@ -440,6 +520,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         4096 bytes, skipping pinned entries; newest first with ties on
         created_at broken by id ascending, presented oldest first).
         Errors: the common ones.
+        Roles: service and operator.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -55,6 +55,14 @@ class ScheduleServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel):
@@ -125,6 +133,14 @@ class ScheduleServiceServicer:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     def CreateReminder(self, request, context):
@@ -140,6 +156,7 @@ class ScheduleServiceServicer:
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +169,7 @@ class ScheduleServiceServicer:
         Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
         FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
         ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,6 +181,7 @@ class ScheduleServiceServicer:
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +193,7 @@ class ScheduleServiceServicer:
         clock moved forward makes it due at once. A reminder stays due until
         Dispatch or DeleteReminder ends it, across restarts.
         Errors: as ListReminders.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +209,7 @@ class ScheduleServiceServicer:
         Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
         the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
         `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +225,7 @@ class ScheduleServiceServicer:
         `generation` is no longer current (stop working on the session).
         Errors: the common ones (re-watch; a reminder not yet dispatched is
         pushed again).
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -280,6 +302,14 @@ class ScheduleService:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+    issued by this deployment to this tenant for this listing with these
+    parameters, or was altered or truncated. Nothing is listed; restart
+    without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+    call it; README, "Security: who may do what", has the whole table. A
+    call the caller's role may not make is PERMISSION_DENIED (metadata
+    `role`) and writes nothing. Do not retry as is.
     """
 
     @staticmethod

@@ -56,6 +56,14 @@ class ScheduleServiceStub:
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_typing.overload
@@ -75,6 +83,7 @@ class ScheduleServiceStub:
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+    Roles: service and operator.
     """
     DeleteReminder: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DeleteReminderRequest, _schedule_pb2.DeleteReminderResponse]
     """DeleteReminder ends an active reminder. The id's shape is validated
@@ -83,6 +92,7 @@ class ScheduleServiceStub:
     Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
     FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
     ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     ListReminders: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.ListRemindersRequest, _schedule_pb2.ListRemindersResponse]
     """ListReminders returns the active reminders in id order, each with its
@@ -90,6 +100,7 @@ class ScheduleServiceStub:
     Any lease holder or none may call it.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones (retry).
+    Roles: service and operator.
     """
     DueReminders: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DueRemindersRequest, _schedule_pb2.DueRemindersResponse]
     """DueReminders returns the active reminders whose target has passed by the
@@ -97,6 +108,7 @@ class ScheduleServiceStub:
     clock moved forward makes it due at once. A reminder stays due until
     Dispatch or DeleteReminder ends it, across restarts.
     Errors: as ListReminders.
+    Roles: service and operator.
     """
     Dispatch: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DispatchRequest, _schedule_pb2.DispatchResponse]
     """Dispatch records that the runtime queued the reminder's follow-up turn
@@ -108,6 +120,7 @@ class ScheduleServiceStub:
     Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
     the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
     `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     WatchDue: _grpc.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]
     """WatchDue streams, for the live lease holder, each active reminder once
@@ -119,6 +132,7 @@ class ScheduleServiceStub:
     `generation` is no longer current (stop working on the session).
     Errors: the common ones (re-watch; a reminder not yet dispatched is
     pushed again).
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -152,6 +166,14 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -168,6 +190,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
     (`generation` is not the current holder's: stop working on the session);
     ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+    Roles: service and operator.
     """
     DeleteReminder: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DeleteReminderRequest, _schedule_pb2.DeleteReminderResponse]  # type: ignore[assignment]
     """DeleteReminder ends an active reminder. The id's shape is validated
@@ -176,6 +199,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
     FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
     ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     ListReminders: _aio.UnaryUnaryMultiCallable[_schedule_pb2.ListRemindersRequest, _schedule_pb2.ListRemindersResponse]  # type: ignore[assignment]
     """ListReminders returns the active reminders in id order, each with its
@@ -183,6 +207,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Any lease holder or none may call it.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones (retry).
+    Roles: service and operator.
     """
     DueReminders: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DueRemindersRequest, _schedule_pb2.DueRemindersResponse]  # type: ignore[assignment]
     """DueReminders returns the active reminders whose target has passed by the
@@ -190,6 +215,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     clock moved forward makes it due at once. A reminder stays due until
     Dispatch or DeleteReminder ends it, across restarts.
     Errors: as ListReminders.
+    Roles: service and operator.
     """
     Dispatch: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DispatchRequest, _schedule_pb2.DispatchResponse]  # type: ignore[assignment]
     """Dispatch records that the runtime queued the reminder's follow-up turn
@@ -201,6 +227,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
     the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
     `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+    Roles: service and operator.
     """
     WatchDue: _aio.UnaryStreamMultiCallable[_schedule_pb2.WatchDueRequest, _schedule_pb2.WatchDueResponse]  # type: ignore[assignment]
     """WatchDue streams, for the live lease holder, each active reminder once
@@ -212,6 +239,7 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     `generation` is no longer current (stop working on the session).
     Errors: the common ones (re-watch; a reminder not yet dispatched is
     pushed again).
+    Roles: service and operator.
     """
 
 class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -244,6 +272,14 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
+    - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+      issued by this deployment to this tenant for this listing with these
+      parameters, or was altered or truncated. Nothing is listed; restart
+      without a token. Tokens are sealed: they reveal no key or position.
+    - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+      call it; README, "Security: who may do what", has the whole table. A
+      call the caller's role may not make is PERMISSION_DENIED (metadata
+      `role`) and writes nothing. Do not retry as is.
     """
 
     @_abc_1.abstractmethod
@@ -264,6 +300,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -278,6 +315,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
         FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
         ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -291,6 +329,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -304,6 +343,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         clock moved forward makes it due at once. A reminder stays due until
         Dispatch or DeleteReminder ends it, across restarts.
         Errors: as ListReminders.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -321,6 +361,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
         the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
         `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+        Roles: service and operator.
         """
 
     @_abc_1.abstractmethod
@@ -338,6 +379,7 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         `generation` is no longer current (stop working on the session).
         Errors: the common ones (re-watch; a reminder not yet dispatched is
         pushed again).
+        Roles: service and operator.
         """
 
 def add_ScheduleServiceServicer_to_server(servicer: ScheduleServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -75,6 +75,7 @@ class StoreApiServiceServicer:
         when the request does not decode). Nothing was written.
         - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
         - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+        Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

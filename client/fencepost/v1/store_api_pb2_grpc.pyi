@@ -55,6 +55,7 @@ class StoreApiServiceStub:
       when the request does not decode). Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    Roles: service and operator.
     """
 
 @_typing.type_check_only
@@ -84,6 +85,7 @@ class StoreApiServiceAsyncStub(StoreApiServiceStub):
       when the request does not decode). Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    Roles: service and operator.
     """
 
 class StoreApiServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -116,6 +118,7 @@ class StoreApiServiceServicer(metaclass=_abc_1.ABCMeta):
           when the request does not decode). Nothing was written.
         - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
         - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+        Roles: service and operator.
         """
 
 def add_StoreApiServiceServicer_to_server(servicer: StoreApiServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

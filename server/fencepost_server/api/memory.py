@@ -113,6 +113,12 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def Append(
         self, request: pb.MemoryServiceAppendRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServiceAppendResponse:
+        trust = _enum_name(request.provenance.trust, rules.TRUST_LEVELS, "provenance.trust")
+        if trust == "operator":
+            # Only an operator may say "an operator said this": the label ranks
+            # above everything but the agent's own conclusions, and raising a
+            # label after the fact (ReassertTrust) needs the operator role too.
+            require_operator("provenance.trust = MEMORY_TRUST_OPERATOR")
         options = NewEntry(
             kind=_enum_name(request.kind, rules.KINDS, "kind"),
             about=list(request.about),
@@ -122,7 +128,7 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
             metadata=_metadata(request),
             session_id=request.provenance.session_id,
             channel=request.provenance.channel,
-            trust=_enum_name(request.provenance.trust, rules.TRUST_LEVELS, "provenance.trust"),
+            trust=trust,
         )
         entry = await self.memory.append(
             caller().tenant, request.agent_id, request.content, options, request.request_id
@@ -168,8 +174,9 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def Audit(
         self, request: pb.MemoryServiceAuditRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServiceAuditResponse:
+        who = require_operator("memory Audit")
         out = await self.memory.audit(
-            caller().tenant, request.agent_id, size=request.page_size, token=request.page_token
+            who.tenant, request.agent_id, size=request.page_size, token=request.page_token
         )
         return pb.MemoryServiceAuditResponse(
             entries=self._views(request.agent_id, out.entries), next_page_token=out.next_page_token

@@ -192,6 +192,9 @@ class Eraser:
             return
         if "prefixes" not in state:  # fixed once, so the cursor indexes the same list on every replica
             state["prefixes"] = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
+            for prefix in state["prefixes"]:  # type: ignore[attr-defined]
+                # markers kept with the doomed items would outlive them as items of their own
+                await self.storage.forget_markers(prefix)
         prefixes = list(state["prefixes"])  # type: ignore[call-overload]
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if index < len(prefixes):

@@ -36,7 +36,7 @@ from .errors import InvalidArgument, NotFound, limit_error
 from .keys import TenantKeys
 from .kv import _fingerprint
 from .limits import Limits
-from .paging import decode_token, encode_token, page_size
+from .paging import PageTokens, page_size
 from .requests import RequestLog
 
 DEFAULT_HISTORY_WINDOW = 50
@@ -121,9 +121,11 @@ class EvalStore:
         *,
         history_window: int = DEFAULT_HISTORY_WINDOW,
         clock_ns: Callable[[], int] = time.time_ns,
+        pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits
+        self.pages = pages or PageTokens.ephemeral()
         self.requests = requests
         self.history_window = history_window
         self.clock_ns = clock_ns
@@ -219,8 +221,8 @@ class EvalStore:
             )
         prefix = self._runs_prefix(tenant, agent)
         limit = page_size(self.limits, size)
-        scope = f"eval-runs\x00{tenant}\x00{agent}"
-        after = decode_token(scope, token)
+        listing = ("evals.list_runs", agent)
+        after = await self.pages.resume(tenant, listing, token)
         pruned = 0
         if after is None:
             rows, pruned = await self._prune(prefix, history_window or self.history_window)
@@ -229,7 +231,7 @@ class EvalStore:
             rows = await self.storage.list(prefix, prefix + after, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
-        next_token = encode_token(scope, rows[-1].key[len(prefix):]) if more else ""
+        next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return RunPage([_run(r) for r in rows], next_token, pruned)
 
     async def _prune(self, prefix: str, window: int) -> tuple[list[Item], int]:
@@ -283,12 +285,12 @@ class EvalStore:
         if session_id:
             prefix = self._bounded(prefix + _segment(session_id, "session_id") + "/")
         limit = page_size(self.limits, size)
-        scope = f"ab-samples\x00{tenant}\x00{agent}\x00{experiment}\x00{session_id}"
-        after = decode_token(scope, token)
+        listing = ("evals.list_samples", agent, experiment, session_id)
+        after = await self.pages.resume(tenant, listing, token)
         rows = await self.storage.list(prefix, prefix + after if after is not None else None, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
-        next_token = encode_token(scope, rows[-1].key[len(prefix):]) if more else ""
+        next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return SamplePage([_sample(r) for r in rows], next_token)
 
     # -- A/B snapshot ------------------------------------------------------------

@@ -46,8 +46,8 @@ from ..storage import Delete, Expect, Item, Put, Storage, Write
 from .errors import InvalidArgument, NotFound, backend_unavailable, limit_error
 from .keys import TenantKeys
 from .limits import Limits
+from .paging import PageTokens, page_size
 from .prefix import delete_prefix
-from .paging import decode_token, encode_token, page_size
 from .requests import RequestLog
 from .throttled_log import ThrottledWarning
 
@@ -229,9 +229,11 @@ class Journal:
         *,
         clock: Callable[[], float] = time.time,
         requests: RequestLog | None = None,
+        pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits
+        self.pages = pages or PageTokens.ephemeral()
         self.config = config or JournalConfig()
         self.requests = requests or RequestLog(storage)
         self.clock = clock
@@ -372,10 +374,11 @@ class Journal:
         check_agent(agent, "agent")
         keys = _Keys(tenant, agent)
         limit = page_size(self.limits, size)
-        after = decode_token(keys.archive, token)
+        listing = ("journal.list_archives", agent)
+        after = await self.pages.resume(tenant, listing, token)
         items = await self.storage.list(keys.archive, keys.archive + after if after else None, limit + 1)
         out = [_archive_info(i.key[len(keys.archive):], i.value) for i in items[:limit]]
-        nxt = encode_token(keys.archive, out[-1].name) if len(items) > limit else ""
+        nxt = await self.pages.issue(tenant, listing, out[-1].name) if len(items) > limit else ""
         return ArchivePage(out, nxt)
 
     async def read_archive(self, tenant: str, agent: str, name: str) -> tuple[ArchiveInfo, JournalView]:

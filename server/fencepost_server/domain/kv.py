@@ -11,9 +11,9 @@ from fencepost import reasons
 from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
-from .keys import TenantKeys
+from .keys import TenantKeys, tenant_keys
 from .limits import Limits
-from .paging import decode_token, encode_token, page_size
+from .paging import PageTokens, page_size
 from .requests import RequestLog
 
 
@@ -74,23 +74,28 @@ class KvStore:
 
     _TXN_ATTEMPTS = 8
 
-    def __init__(self, storage: Storage, limits: Limits, requests: RequestLog) -> None:
+    def __init__(
+        self, storage: Storage, limits: Limits, requests: RequestLog, pages: PageTokens | None = None
+    ) -> None:
         self.storage = storage
         self.limits = limits
         self.requests = requests
+        self.pages = pages or PageTokens.ephemeral()
 
     # -- reads -------------------------------------------------------------
     async def get(self, tenant: str, key: str) -> Item | None:
         check_key(key, self.limits)
-        keys = TenantKeys(tenant)
+        keys = tenant_keys(tenant)
         item = await self.storage.get(keys.kv(key))
         return Item(key, item.value, item.version) if item else None
 
     async def list(self, tenant: str, prefix: str, size: int, token: str, *, values: bool = True) -> Page:
         check_key(prefix, self.limits, "prefix", allow_empty=True)
         limit = page_size(self.limits, size)
-        after = decode_token(prefix, token)
-        keys = TenantKeys(tenant)
+        # List and ListKeys walk the same positions: a token of one resumes the other.
+        listing = ("kv.list", prefix)
+        after = await self.pages.resume(tenant, listing, token)
+        keys = tenant_keys(tenant)
         scoped_after = keys.kv(after) if after is not None else None
         # One extra row tells whether another page exists without a second call.
         if values:
@@ -101,23 +106,23 @@ class KvStore:
             items = [Item(keys.unscope_kv(n), b"", "") for n in names]
         more = len(items) > limit
         items = items[:limit]
-        token_out = encode_token(prefix, items[-1].key) if more else ""
+        token_out = await self.pages.issue(tenant, listing, items[-1].key) if more else ""
         return Page(items, token_out)
 
     # -- writes ------------------------------------------------------------
     async def put(self, tenant: str, key: str, value: bytes, request_id: str = "") -> str:
         check_key(key, self.limits)
         check_value(value, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             return await self.storage.put(scoped, value)
         fp = _fingerprint("put", key, hashlib.sha256(value).digest())
-        result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)])
+        result = await self.requests.transact(tenant, request_id, fp, [], [Put(scoped, value)], item=scoped)
         return result.versions[0] or ""
 
     async def delete(self, tenant: str, key: str, request_id: str = "") -> bool:
         check_key(key, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             return await self.storage.delete(scoped)
         fp = _fingerprint("delete", key)
@@ -128,7 +133,7 @@ class KvStore:
     async def put_if_absent(self, tenant: str, key: str, value: bytes, request_id: str = "") -> CasOutcome:
         check_key(key, self.limits)
         check_value(value, self.limits)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.put_if_absent(scoped, value)
             return CasOutcome(res.applied, res.version or "")
@@ -141,7 +146,7 @@ class KvStore:
         check_key(key, self.limits)
         check_value(value, self.limits)
         self._check_version(expected)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.put_if_version(scoped, value, expected)
             return CasOutcome(res.applied, res.version or "")
@@ -151,7 +156,7 @@ class KvStore:
     async def delete_if_version(self, tenant: str, key: str, expected: str, request_id: str = "") -> CasOutcome:
         check_key(key, self.limits)
         self._check_version(expected)
-        scoped = TenantKeys(tenant).kv(key)
+        scoped = tenant_keys(tenant).kv(key)
         if not request_id:
             res = await self.storage.delete_if_version(scoped, expected)
             return CasOutcome(res.applied, res.version or "")
@@ -170,7 +175,7 @@ class KvStore:
         atomically. The failure branch is applied conditioned on the exact state
         that made the compares fail, so the decision and the writes are atomic."""
         self._check_txn(compares, success, failure, request_id)
-        keys = TenantKeys(tenant)
+        keys = tenant_keys(tenant)
         cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
         success_s = [_scope_write(keys, w) for w in success]
         failure_s = [_scope_write(keys, w) for w in failure]
@@ -205,7 +210,8 @@ class KvStore:
 
     # -- helpers -----------------------------------------------------------
     async def _conditional(self, tenant: str, request_id: str, fp: bytes, write: Write) -> CasOutcome:
-        result = await self.requests.transact(tenant, request_id, fp, [], [write])
+        # a single-key write: its marker may be kept with the item (no second item)
+        result = await self.requests.transact(tenant, request_id, fp, [], [write], item=write.key)
         if result.applied:
             return CasOutcome(True, result.versions[0] or "")
         # The version that refused the write, read by the backend in the same

@@ -8,26 +8,66 @@ live in hourly buckets (`#/req/{hour}/{tenant}/{id hash}`); a request is
 checked against the current and the previous bucket, so the dedupe window is
 at least one hour, and buckets older than that are swept by listing a prefix
 (no backend TTL support needed).
+
+Where the backend can (`Storage.keeps_markers_with_items`: the embedded
+backends), the marker of a single-key write is kept with the item it wrote
+rather than as an item of its own at that key; the backend moves it out to its
+key when the item is next overwritten or deleted, so a retry finds it either
+way, and only markers moved out are ever swept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 from fencepost import reasons
-from fencepost.keys import encode_segment
 
-from ..storage import Check, Expect, Put, Storage, TxnResult, Write
+from ..storage import Check, Marker, Put, Storage, TxnResult, Write
 from .errors import InvalidArgument
-from .keys import GLOBAL_PREFIX
+from .keys import GLOBAL_PREFIX, tenant_keys
 
 BUCKET_SECONDS = 3600
+_POOL_BYTES = 4096
 _PREFIX = GLOBAL_PREFIX + "req/"
 _SEP = b"\n"  # fingerprint (32 bytes) + SEP + JSON {"v": versions written, "f": failed compares}
+
+
+class _RandomHex(threading.local):
+    """128-bit random hex tokens cut from a pooled os.urandom read: one system
+    call per 256 tokens rather than one per write. (os.urandom drops the GIL,
+    and on a busy event loop the SQLite writer thread takes it; getting it
+    back costs more than the call.) One pool per thread, so no token is
+    handed out twice."""
+
+    def __init__(self) -> None:
+        self.pool, self.at = b"", 0
+
+    def __call__(self) -> str:
+        if self.at + 16 > len(self.pool):
+            self.pool, self.at = os.urandom(_POOL_BYTES), 0
+        self.at += 16
+        return self.pool[self.at - 16:self.at].hex()
+
+
+_random_hex = _RandomHex()
+
+
+def _outcome_json(versions: Sequence[str | None], failed: Sequence[int], note: str = "") -> bytes:
+    """`json.dumps({"v": versions, "f": failed[, "n": note]})`, byte for byte,
+    without the encoder's per-call set-up for the common case (no note,
+    versions of letters and digits, ASCII); anything else goes through json."""
+    if not note and all(v is None or (v.isascii() and v.isalnum()) for v in versions):
+        v = ", ".join("null" if v is None else f'"{v}"' for v in versions)
+        return f'{{"v": [{v}], "f": [{", ".join(str(int(i)) for i in failed)}]}}'.encode()
+    outcome: dict[str, object] = {"v": list(versions), "f": list(failed)}
+    if note:
+        outcome["n"] = note
+    return json.dumps(outcome).encode()
 
 
 class RequestLog:
@@ -36,8 +76,13 @@ class RequestLog:
         self.clock = clock
 
     def _marker(self, bucket: int, tenant: str, request_id: str) -> str:
+        return self._markers(bucket, tenant, request_id)[0]
+
+    def _markers(self, bucket: int, tenant: str, request_id: str) -> tuple[str, str]:
+        """The request's marker keys in window `bucket` and the one before."""
         digest = hashlib.sha256(request_id.encode()).hexdigest()
-        return f"{_PREFIX}{bucket:010d}/{encode_segment(tenant)}/{digest}"
+        segment = tenant_keys(tenant).root  # the encoded tenant + "/", built once per tenant
+        return f"{_PREFIX}{bucket:010d}/{segment}{digest}", f"{_PREFIX}{bucket - 1:010d}/{segment}{digest}"
 
     async def transact(
         self,
@@ -48,13 +93,19 @@ class RequestLog:
         writes: Sequence[Write],
         failed: Sequence[int] = (),
         note: str = "",
+        *,
+        item: str | None = None,
     ) -> TxnResult:
         """Run the transaction once per request id. A retry of an applied
         request returns the first outcome (`replayed = True`, the versions the
         first attempt wrote, and the `failed` it was applied with — a Txn's
         failure branch records its failed compares); otherwise the
         transaction's result (marker excluded). `note` is recorded with the
-        marker and handed back on a replay (e.g. the id the first attempt minted)."""
+        marker and handed back on a replay (e.g. the id the first attempt minted).
+
+        `item`: the key every attempt of this request writes (a single-key
+        write); the backend may then keep the marker with that item instead
+        of as an item of its own (see `Marker`)."""
         if not request_id:
             return await self.storage.transact(checks, writes)
         if len(request_id) > 128:
@@ -63,47 +114,27 @@ class RequestLog:
             )
         # The versions are chosen here so the marker can record them in the same
         # transaction: a replay reports what the first attempt wrote.
-        writes = [Put(w.key, w.value, w.expect, w.version or "r" + uuid.uuid4().hex) if isinstance(w, Put) else w
+        writes = [Put(w.key, w.value, w.expect, w.version or "r" + _random_hex()) if isinstance(w, Put) else w
                   for w in writes]
         versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS
-        current = self._marker(bucket, tenant, request_id)
-        previous = self._marker(bucket - 1, tenant, request_id)
-        outcome: dict[str, object] = {"v": versions, "f": list(failed)}
-        if note:
-            outcome["n"] = note
-        marker = fingerprint + _SEP + json.dumps(outcome).encode()
-        result = await self.storage.transact(
-            [*checks, Check(previous, Expect(exists=False))],
-            [*writes, Put(current, marker, Expect(exists=False))],
-        )
+        value = fingerprint + _SEP + _outcome_json(versions, failed, note)
+        marker = Marker(*self._markers(bucket, tenant, request_id), value, item)
+        result = await self.storage.transact_marked(checks, writes, marker)
         if result.applied:
-            return TxnResult(True, result.versions[:-1])
-        marker_indexes = {len(checks), len(checks) + 1 + len(writes)}
-        if marker_indexes.isdisjoint(result.failed):
-            def caller_index(i: int) -> int:
-                return i if i < len(checks) else i - 1
-
-            found = {caller_index(i): item for i, item in (result.found or {}).items() if i not in marker_indexes}
-            return TxnResult(False, failed=tuple(caller_index(i) for i in result.failed), found=found)
-        for key in (current, previous):
-            found = await self.storage.get(key)
-            if found is not None:
-                # rpartition: the JSON never holds a raw newline, a binary fingerprint may
-                first_fp, _, first = found.value.rpartition(_SEP)
-                if first_fp != fingerprint:
-                    raise InvalidArgument(
-                        reasons.REQUEST_ID_REUSED,
-                        "request_id was already used for a different request",
-                        {"request_id": request_id}, field="request_id",
-                    )
-                first_outcome = json.loads(first)
-                return TxnResult(
-                    True, tuple(first_outcome["v"]), tuple(first_outcome["f"]), replayed=True,
-                    note=first_outcome.get("n", ""),
-                )
-        # The marker vanished between the two calls (swept): treat as not seen.
-        return await self.transact(tenant, request_id, fingerprint, checks, writes, failed, note)
+            return TxnResult(True, result.versions)
+        if result.marker is None:
+            return TxnResult(False, failed=result.failed, found=result.found)
+        # rpartition: the JSON never holds a raw newline, a binary fingerprint may
+        first_fp, _, first = result.marker.rpartition(_SEP)
+        if first_fp != fingerprint:
+            raise InvalidArgument(
+                reasons.REQUEST_ID_REUSED,
+                "request_id was already used for a different request",
+                {"request_id": request_id}, field="request_id",
+            )
+        outcome = json.loads(first)
+        return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True, note=outcome.get("n", ""))
 
     async def sweep(self, batch: int = 500) -> int:
         """Delete markers older than the dedupe window; returns how many."""

@@ -12,6 +12,7 @@ from .base import (
     Expect,
     InvalidTransaction,
     Item,
+    Marker,
     PersistenceUncertain,
     Put,
     Storage,
@@ -23,6 +24,6 @@ from .registry import open_backend, register
 
 __all__ = [
     "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
-    "Expect", "InvalidTransaction", "Item", "PersistenceUncertain", "Put", "Storage",
+    "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "Storage",
     "StorageError", "TxnResult", "Write", "open_backend", "register",
 ]

@@ -4,7 +4,10 @@ Keys are `str` compared in UTF-8 byte order (for valid Unicode this is code
 point order, so Python's own `str` ordering agrees). Values are `bytes`.
 Version tokens are opaque strings that change on every successful write and
 are never handed out twice by one backend, so a key deleted and re-created
-never gets an old token back (no ABA).
+never gets an old token back (no ABA). Every backend mints them with
+`new_version` (128 random bits): unique without coordination (replicas,
+restarts, a backup restored elsewhere), and unlike a shared counter they tell
+one tenant nothing about how much the others write.
 
 A miss is a miss (`None`); an outage raises `BackendUnavailable`. A write
 whose outcome is unknown raises `PersistenceUncertain`.
@@ -13,6 +16,7 @@ whose outcome is unknown raises `PersistenceUncertain`.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
@@ -21,6 +25,12 @@ MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
 #: items per page of `Storage.export_items`
 EXPORT_PAGE = 1000
+
+
+def new_version() -> str:
+    """A fresh version token: 128 random bits, so a token is never handed out
+    twice (no ABA after delete and re-create) and carries no counter."""
+    return os.urandom(16).hex()
 
 
 class StorageError(Exception):
@@ -116,6 +126,28 @@ Write = Union[Put, Delete]
 
 
 @dataclass(frozen=True, slots=True)
+class Marker:
+    """A request-id marker (domain/requests.py) written by `transact_marked`
+    together with a request's writes.
+
+    key: where the marker lives as an item of its own; previous: the same
+        request's key in the previous dedupe window (either existing means
+        "this request was applied already").
+    value: what a retry gets back (`TxnResult.marker`).
+    item: the key every attempt of this request writes, when there is one. A
+        backend that can (`keeps_markers_with_items`) keeps the marker with
+        that item instead of writing a second item, and moves it out to `key`
+        when the item is next overwritten or deleted, so the marker outlives
+        the item's later writes exactly as an item of its own would.
+    """
+
+    key: str
+    previous: str
+    value: bytes
+    item: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CountKeys:
     """Asks `transact` to count the keys under `prefix` (at most `limit`) as
     its writes left them, in the same backend call."""
@@ -146,6 +178,8 @@ class TxnResult:
     #: for each failed index whose condition named a key, the item that failed
     #: it (None: absent), read in the same atomic step as the decision
     found: dict[int, Item | None] | None = None
+    #: `transact_marked` only: the stored marker's value when the request was applied before
+    marker: bytes | None = None
 
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
@@ -153,11 +187,12 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
     ops = len(checks) + len(writes)
     if ops > MAX_TXN_OPS:
         raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")
-    size = sum(len(op.key.encode()) for op in (*checks, *writes))
-    size += sum(len(w.value) for w in writes if isinstance(w, Put))
+    keys = [c.key for c in checks]
+    keys += [w.key for w in writes]
+    size = sum(len(k.encode()) for k in keys)  # one pass per list: on every write path
+    size += sum(len(w.value) for w in writes if type(w) is Put)
     if size > MAX_TXN_BYTES:
         raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
-    keys = [op.key for op in (*checks, *writes)]
     if len(set(keys)) != len(keys):
         raise InvalidTransaction("a transaction names one key more than once")
 
@@ -166,10 +201,11 @@ def version_family(token: str) -> tuple[str, int] | None:
     """(family, counter) of a counter-shaped version token, else None.
 
     A counter token is `[epoch-]` followed by lowercase hex digits of a fixed
-    width: the SQLite backend's `%016x`, the memory backend's
-    `{epoch}-%012x`. Tokens of one family (same epoch prefix, same width)
-    order by their counter. Random tokens (DynamoDB's 128 bits: 32 digits)
-    are not counters and belong to no family."""
+    width: what older SQLite (`%016x`) and memory (`{epoch}-%012x`) backends
+    minted, and what an archive of theirs still carries. Tokens of one family
+    (same epoch prefix, same width) order by their counter. Random tokens
+    (`new_version`'s 128 bits: 32 digits, minted by every backend now) are
+    not counters and belong to no family."""
     head, _, digits = token.rpartition("-")
     if not digits or len(digits) > 16 or digits.strip("0123456789abcdef"):
         return None
@@ -250,6 +286,43 @@ class Storage(abc.ABC):
         holds after the writes: the transaction's own puts and deletes are
         always reflected; keys other callers write at the same moment may or
         may not be (embedded backends count inside the write, so exactly)."""
+
+    #: whether `transact_marked` can keep a marker with the item its request writes
+    keeps_markers_with_items: bool = False
+
+    async def forget_markers(self, prefix: str) -> None:
+        """Drop the request-id markers kept with items under `prefix`, the
+        items staying (erasure, before it deletes them: a deleted item would
+        hand its marker on as an item of its own). Nothing to do where
+        markers are items of their own."""
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        """`transact` for a request with an id: applied only when `marker`
+        exists under neither of its keys, and then the marker is stored with
+        the writes, atomically. When it exists, nothing is applied and the
+        result carries its value (`marker`); `failed` lists the caller's
+        conditions that did not hold either way.
+
+        This default stores the marker as an item of its own: one transaction,
+        and on a replay a read of the marker."""
+        n = len(checks)
+        result = await self.transact(
+            [*checks, Check(marker.previous, Expect(exists=False))],
+            [*writes, Put(marker.key, marker.value, Expect(exists=False))],
+        )
+        if result.applied:
+            return TxnResult(True, result.versions[:-1])
+        marker_indexes = (n, n + 1 + len(writes))
+        failed = tuple(i if i < n else i - 1 for i in result.failed if i not in marker_indexes)
+        if all(i not in result.failed for i in marker_indexes):
+            found = {i if i < n else i - 1: item for i, item in (result.found or {}).items() if i not in marker_indexes}
+            return TxnResult(False, failed=failed, found=found)
+        for key in (marker.key, marker.previous):
+            found = await self.get(key)
+            if found is not None:
+                return TxnResult(False, failed=failed, marker=found.value)
+        # The marker vanished between the two calls (swept): not seen.
+        return await self.transact_marked(checks, writes, marker)
 
     # -- operator tools: backup, restore, migration (lifecycle/) -----------
     # Never used on a request path. An import target is quiesced (no server

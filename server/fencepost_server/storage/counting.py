@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Any, TypeVar
 
 from .. import tracing
-from .base import EXPORT_PAGE, CasResult, Check, CountKeys, Item, Storage, TxnResult, Write
+from .base import EXPORT_PAGE, CasResult, Check, CountKeys, Item, Marker, Storage, TxnResult, Write
 
 T = TypeVar("T")
 Hook = Callable[[str, float, BaseException | None], None]
@@ -68,6 +68,19 @@ class ObservedStorage(Storage):
         self, checks: Sequence[Check] = (), writes: Sequence[Write] = (), count: CountKeys | None = None
     ) -> TxnResult:
         return await self._observe("transact", self.inner.transact(checks, writes, count))
+
+    @property
+    def keeps_markers_with_items(self) -> bool:  # type: ignore[override]
+        return self.inner.keeps_markers_with_items
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if not self.inner.keeps_markers_with_items:
+            # the default is made of transact + get: observe those calls one by one
+            return await super().transact_marked(checks, writes, marker)
+        return await self._observe("transact", self.inner.transact_marked(checks, writes, marker))
+
+    async def forget_markers(self, prefix: str) -> None:
+        await self.inner.forget_markers(prefix)
 
     async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
         async for items in self.inner.export_items(start_after, page):

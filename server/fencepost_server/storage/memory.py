@@ -19,6 +19,7 @@ from .base import (
     TxnResult,
     Write,
     highest_per_family,
+    new_version,
     validate_transaction,
 )
 
@@ -31,9 +32,9 @@ class MemoryStorage(Storage):
     def __init__(self) -> None:
         self._items: dict[str, Item] = {}
         self._keys: list[str] = []  # sorted; str order == UTF-8 byte order
-        # A random epoch plus a counter: tokens are unique within and across instances.
+        # Versions are random (`_next_version`); the epoch only names the counter
+        # family this backend once minted, for watermarks reserved from elsewhere.
         self._epoch = secrets.token_hex(4)
-        self._counter = itertools.count(1)
         self._minted = 0
         #: family -> (counter, token): the highest token of each family reserved
         self._reserved: dict[str, tuple[int, str]] = {}
@@ -44,8 +45,9 @@ class MemoryStorage(Storage):
             raise BackendUnavailable("memory backend is closed")
 
     def _next_version(self) -> str:
-        self._minted = next(self._counter)
-        return f"{self._epoch}-{self._minted:0{_COUNTER_DIGITS}x}"
+        # 128 random bits, never a counter: a tenant's versions say nothing
+        # about anyone else's writes, and none can equal an imported token.
+        return new_version()
 
     def _store(self, key: str, value: bytes, version: str | None = None) -> str:
         version = version or self._next_version()
@@ -65,8 +67,11 @@ class MemoryStorage(Storage):
         if start_after is not None and start_after >= prefix:
             lo = bisect.bisect_right(self._keys, start_after)
         out: list[str] = []
-        for key in itertools.islice(self._keys, lo, None):
-            if not key.startswith(prefix) or len(out) >= limit:
+        keys = self._keys
+        # by index: islice would step through the `lo` keys before the prefix
+        for i in range(lo, min(len(keys), lo + limit)):
+            key = keys[i]
+            if not key.startswith(prefix):
                 break
             out.append(key)
         return out

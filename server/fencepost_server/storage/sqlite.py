@@ -2,15 +2,23 @@
 
 Writes go to one writer thread that group-commits whatever is queued: every
 queued operation runs inside its own SAVEPOINT of one transaction, and one
-COMMIT (one fsync) acknowledges the whole batch. Reads run on a separate
-connection in a reader thread, batched the same way; WAL lets them proceed
-while the writer writes.
+COMMIT (one fsync) acknowledges the whole batch.
 
-Version tokens come from a counter stored in the same file and advanced inside
-the write transaction, so they are unique across restarts and across several
-processes sharing the file (BEGIN IMMEDIATE serialises writers). An import
-raises the counter past every counter-shaped version it brings in, in the
-same transaction, so no imported version is ever minted again.
+Reads run on the calling event loop itself, on a connection of their own: in
+WAL mode a read never waits for the writer, and a primary-key lookup costs a
+few microseconds, far less than handing it to a thread and waking the loop
+again. Every read is its own read transaction, started after the write it may
+depend on was acknowledged (a write is acknowledged only after its COMMIT), so
+reads see every acknowledged write. In the rare case WAL makes a reader wait
+(another process recovering the WAL), the read is handed to a reader thread
+instead of stalling the loop.
+
+Version tokens are 128 random bits minted per write (`new_version`), as on
+every backend: unique across restarts, processes sharing the file and copies
+of it, and they say nothing about how much anyone else writes. Files written
+before kept a counter (`meta`); it is still raised past every counter-shaped
+version an import brings in and reported as this file's watermark, so those
+older tokens stay reserved across a move.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +39,17 @@ from .base import (
     BackendUnavailable,
     CasResult,
     Check,
+    EXPORT_PAGE,
     CountKeys,
     Delete,
     Item,
+    Marker,
     Put,
     Storage,
     TxnResult,
     Write,
     highest_per_family,
+    new_version,
     prefix_end,
     validate_transaction,
 )
@@ -53,17 +66,58 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
 """
 
+# Request-id markers kept with the item their request wrote (Marker in
+# storage/base.py): two nullable columns, a partial index to find a marker by
+# its key (a request id reused for another key is still recognised), and
+# triggers that move a marker out to its own row (at its key, the version
+# derived from the item's unique version) whenever its item is overwritten or
+# deleted, on every write path. (Clearing the marker columns alone moves
+# nothing: that is how erasure forgets them.)
+_MARKER_COLUMNS = ("marker_key", "marker_value")
+_MARKER_TRIGGERS = """
+CREATE INDEX IF NOT EXISTS kv_marker ON kv (marker_key) WHERE marker_key IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_write AFTER UPDATE OF value, version ON kv
+WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_delete AFTER DELETE ON kv WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+"""
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(_SCHEMA)
+    present = {row[1] for row in conn.execute("PRAGMA table_info(kv)")}
+    for column in _MARKER_COLUMNS:
+        if column not in present:
+            try:
+                conn.execute(f"ALTER TABLE kv ADD COLUMN {column} BLOB")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+    conn.executescript(_MARKER_TRIGGERS)
+
+
 _MAX_BATCH = 512
+_BUSY_SECONDS = 30.0  # how long the writer waits for another process's writer
+_BUSY_STEP = 0.0002
 #: the counter family of this backend's versions (base.version_family)
 _COUNTER_FAMILY = "16"
 _STOP = object()
 
 
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+#: how long a read on the event loop may wait for a lock before it moves to the reader thread
+_LOOP_BUSY_MS = 20
+
+
+def _connect(path: str, synchronous: str, busy_ms: int = 30000) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
     return conn
 
 
@@ -101,17 +155,21 @@ class _Worker:
         self._conn = _connect(path, synchronous)
         self._writer = writer
         if writer:
-            self._conn.executescript(_SCHEMA)
+            _create_schema(self._conn)
+            self._conn.execute("PRAGMA busy_timeout=0")  # from now on it waits for the lock itself (`_begin`)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._next_version = 0
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[..., Any]) -> asyncio.Future[Any]:
+    def submit(self, op: Callable[..., Any], savepoint: bool = True) -> asyncio.Future[Any]:
+        """Queue `op`. `savepoint=False` for an op that modifies at most one
+        statement's worth (SQLite undoes a failed statement by itself), which
+        spares two statements per op in the batch."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((op, loop, fut))
+        self._queue.put((op, loop, fut, savepoint))
         return fut
 
     def stop(self) -> None:
@@ -119,9 +177,24 @@ class _Worker:
         self._thread.join()
         self._conn.close()
 
-    def _version(self) -> str:
-        self._next_version += 1
-        return f"{self._next_version:016x}"
+    def _begin(self) -> None:
+        """BEGIN IMMEDIATE, waiting for another process's writer (`serve
+        --workers`) in short steps: SQLite's own busy handler backs off to
+        sleeps of 10-25 ms, far longer than the other writer holds the lock
+        (one group commit), which would cap the writes of several workers."""
+        deadline = time.monotonic() + _BUSY_SECONDS
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(_BUSY_STEP)
+
+    @staticmethod
+    def _version() -> str:
+        return new_version()
 
     def reserve(self, counter: int) -> None:
         """Mint past `counter` from now on (called by an op inside a batch)."""
@@ -143,7 +216,7 @@ class _Worker:
                     stop = True
                     break
                 batch.append(nxt)
-            outcomes = self._commit(batch) if self._writer else [self._call(op, (self._conn,)) for op, _, _ in batch]
+            outcomes = self._commit(batch) if self._writer else [self._call(op, (self._conn,)) for op, *_ in batch]
             _answer(batch, outcomes)
             if stop:
                 return
@@ -155,21 +228,29 @@ class _Worker:
         except Exception as exc:
             return False, exc
 
-    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+    def _commit(self, batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any], bool]]
+                ) -> list[tuple[bool, Any]]:
         conn = self._conn
         outcomes: list[tuple[bool, Any]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchone()
+            self._begin()
+            (start,) = conn.execute("SELECT n FROM meta WHERE name = 'version'").fetchall()[0]
             self._next_version = start
-            for op, _, _ in batch:
-                conn.execute("SAVEPOINT op")
+            for op, _, _, savepoint in batch:
+                if savepoint:
+                    conn.execute("SAVEPOINT op")
                 outcome = self._call(op, (conn, self._version))
-                conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
-                if not outcome[0]:
-                    conn.execute("RELEASE op")  # one bad op must not sink the batch
+                if savepoint:
+                    conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
+                    if not outcome[0]:
+                        conn.execute("RELEASE op")  # one bad op must not sink the batch
+                elif not outcome[0] and not conn.in_transaction:
+                    # some errors (disk full, I/O) roll the whole transaction back:
+                    # nothing of this batch was applied, and the rest must not run unbatched
+                    raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
                 outcomes.append(outcome)
-            conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
+            if self._next_version != start:  # an import reserved older counter tokens
+                conn.execute("UPDATE meta SET n = ? WHERE name = 'version'", (self._next_version,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.warning("sqlite batch commit failed: %s", exc)
@@ -182,11 +263,11 @@ class _Worker:
 
 
 def _answer(
-    batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any]]], outcomes: list[tuple[bool, Any]]
+    batch: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[Any], bool]], outcomes: list[tuple[bool, Any]]
 ) -> None:
     """Hand results back: one wake-up per event loop per batch."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for (_, loop, fut), (ok, value) in zip(batch, outcomes):
+    for (_, loop, fut, _), (ok, value) in zip(batch, outcomes):
         if not ok and isinstance(value, sqlite3.Error):
             value = BackendUnavailable(f"sqlite: {value}")
         by_loop.setdefault(loop, []).append((fut, ok, value))
@@ -208,16 +289,80 @@ def _resolve_all(results: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
 
 
 def _read_item(conn: sqlite3.Connection, key: str) -> Item | None:
-    row = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key.encode(),)).fetchone()
-    return Item(key, row[0], row[1]) if row else None
+    # fetchall: the statement runs to its end, so no read transaction stays open
+    rows = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key.encode(),)).fetchall()
+    return Item(key, rows[0][0], rows[0][1]) if rows else None
 
 
-def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str) -> None:
-    conn.execute(
-        "INSERT INTO kv (key, value, version) VALUES (?, ?, ?) "
-        "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version",
-        (key.encode(), value, version),
+_UPSERT = (
+    "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+    "marker_key = excluded.marker_key, marker_value = excluded.marker_value"
+)
+
+
+def _write(conn: sqlite3.Connection, key: str, value: bytes, version: str, marker: Marker | None = None) -> None:
+    kept = (marker.key.encode(), marker.value) if marker else (None, None)
+    conn.execute(_UPSERT, (key.encode(), value, version, *kept))
+
+
+def _read_items(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Item]:
+    """The items present at `keys`, read with one statement."""
+    if len(keys) == 1:
+        item = _read_item(conn, keys[0])
+        return {item.key: item} if item else {}
+    marks = ", ".join("?" * len(keys))
+    rows = conn.execute(f"SELECT key, value, version FROM kv WHERE key IN ({marks})", [k.encode() for k in keys])
+    return {k.decode(): Item(k.decode(), v, ver) for k, v, ver in rows.fetchall()}
+
+
+def _apply(
+    conn: sqlite3.Connection, version: Callable[[], str], checks: Sequence[Check], writes: Sequence[Write],
+    count: CountKeys | None = None, marker: Marker | None = None, *, dry: bool = False,
+) -> TxnResult:
+    """One transaction's conditions and writes inside the writer's transaction
+    (`dry`: evaluate the conditions only). `marker` goes with its item's Put.
+    The conditions are read with one statement and the writes made with one
+    per kind (keys are distinct), whatever their number: fewer round trips
+    into SQLite, each of which hands the GIL over."""
+    conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
+    conditioned = [key for key, expect in conditions if expect is not None]
+    current = _read_items(conn, conditioned) if conditioned else {}
+    failed = tuple(
+        i for i, (key, expect) in enumerate(conditions)
+        if expect is not None and not expect.holds(current.get(key))
     )
+    if failed or dry:
+        return TxnResult(False, failed=failed, found={i: current.get(conditions[i][0]) for i in failed})
+    versions: list[str | None] = []
+    rows: list[tuple[Any, ...]] = []
+    erased: list[tuple[bytes]] = []
+    for w in writes:
+        if isinstance(w, Put):
+            v = w.version or version()
+            kept = marker if marker is not None and w.key == marker.item else None
+            rows.append((w.key.encode(), w.value, v, *((kept.key.encode(), kept.value) if kept else (None, None))))
+            versions.append(v)
+        else:
+            assert isinstance(w, Delete)
+            erased.append((w.key.encode(),))
+            versions.append(None)
+    if rows:
+        conn.executemany(_UPSERT, rows)
+    if erased:
+        conn.executemany("DELETE FROM kv WHERE key = ?", erased)
+    return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
+
+
+def _stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
+    """The value of `marker` if it is stored (either window): as its own row
+    or kept with an item."""
+    keys = (marker.key.encode(), marker.previous.encode())
+    rows = conn.execute(
+        "SELECT value FROM kv WHERE key IN (?, ?) "
+        "UNION ALL SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys + keys,
+    ).fetchall()
+    return bytes(rows[0][0]) if rows else None
 
 
 def _erase(conn: sqlite3.Connection, key: str) -> bool:
@@ -234,6 +379,7 @@ class SqliteStorage(Storage):
         try:
             self._writer = _Worker(self.path, synchronous, writer=True)
             self._reader = _Worker(self.path, synchronous, writer=False)
+            self._loop_conn = _connect(self.path, synchronous, busy_ms=_LOOP_BUSY_MS)
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
         self._closed = False
@@ -246,12 +392,19 @@ class SqliteStorage(Storage):
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        return await self._reader.submit(fn)
+        try:
+            return fn(self._loop_conn)
+        except sqlite3.Error as exc:
+            if not (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
+                raise BackendUnavailable(f"sqlite: {exc}") from exc
+        return await self._reader.submit(fn)  # waits for the lock off the event loop
 
-    async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any]) -> Any:
+    async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any],
+                        savepoint: bool = False) -> Any:
+        """`savepoint`: `fn` may modify with more than one statement."""
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        return await self._writer.submit(fn)
+        return await self._writer.submit(fn, savepoint)
 
     # -- KV core -----------------------------------------------------------
     async def get(self, key: str) -> Item | None:
@@ -326,44 +479,66 @@ class SqliteStorage(Storage):
     ) -> TxnResult:
         validate_transaction(checks, writes)
 
-        def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
-            conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
-            current = [_read_item(conn, key) if expect is not None else None for key, expect in conditions]
-            failed = tuple(
-                i for i, (_, expect) in enumerate(conditions)
-                if expect is not None and not expect.holds(current[i])
-            )
-            if failed:
-                return TxnResult(False, failed=failed, found={i: current[i] for i in failed})
-            versions: list[str | None] = []
-            for w in writes:
-                if isinstance(w, Put):
-                    v = w.version or version()
-                    _write(conn, w.key, w.value, v)
-                    versions.append(v)
-                else:
-                    assert isinstance(w, Delete)
-                    _erase(conn, w.key)
-                    versions.append(None)
-            return TxnResult(True, tuple(versions), count=None if count is None else _count(conn, count))
+        return await self._write_op(lambda conn, version: _apply(conn, version, checks, writes, count),
+                                    savepoint=len(writes) > 1 or count is not None)
 
-        return await self._write_op(op)
+    keeps_markers_with_items = True
+
+    async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
+        if marker.item is None or not any(isinstance(w, Put) and w.key == marker.item for w in writes):
+            return await super().transact_marked(checks, writes, marker)
+        validate_transaction(checks, writes)
+
+        def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
+            stored = _stored_marker(conn, marker)
+            if stored is not None:  # applied before: apply nothing, say which conditions fail now
+                return replace(_apply(conn, version, checks, writes, dry=True), marker=stored)
+            return _apply(conn, version, checks, writes, marker=marker)
+
+        return await self._write_op(op, savepoint=len(writes) > 1)
+
+    async def forget_markers(self, prefix: str) -> None:
+        where, args = _bounds(prefix, None)
+        await self._write_op(lambda conn, _v: conn.execute(
+            f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
     # -- operator tools ----------------------------------------------------
+    async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
+        """As every backend, plus the request-id markers kept with their item:
+        each is exported as the row it becomes when its item changes (its own
+        key, version `m` + the item's), so an import anywhere keeps it."""
+        after = (start_after or "").encode()
+        while True:
+            def read(conn: sqlite3.Connection, after: bytes = after) -> list[tuple[bytes, bytes, str]]:
+                rows = conn.execute(
+                    "SELECT key, value, version FROM kv WHERE key > ? ORDER BY key LIMIT ?", (after, page)
+                ).fetchall()
+                rows += conn.execute(
+                    "SELECT marker_key, marker_value, 'm' || version FROM kv "
+                    "WHERE marker_key IS NOT NULL AND marker_key > ? ORDER BY marker_key LIMIT ?", (after, page)
+                ).fetchall()
+                return rows
+
+            merged: dict[bytes, tuple[bytes, str]] = {}
+            for key, value, version in await self._read(read):
+                merged.setdefault(key, (value, version))  # a row of its own wins over a kept copy
+            keys = sorted(merged)[:page]
+            if keys:
+                yield [Item(k.decode(), *merged[k]) for k in keys]
+            if len(keys) < page:
+                return
+            after = keys[-1]
+
     async def import_items(self, items: Sequence[Item]) -> None:
-        rows = [(item.key.encode(), item.value, item.version) for item in items]
+        rows = [(item.key.encode(), item.value, item.version, None, None) for item in items]
         highest = highest_per_family(item.version for item in items).get(_COUNTER_FAMILY)
 
         def op(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
-            conn.executemany(
-                "INSERT INTO kv (key, value, version) VALUES (?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version",
-                rows,
-            )
+            conn.executemany(_UPSERT, rows)  # an imported item carries no request-id marker
             if highest is not None:
                 self._writer.reserve(highest[0])
 
-        await self._write_op(op)
+        await self._write_op(op, savepoint=True)
 
     async def reserve_versions(self, tokens: Iterable[str]) -> None:
         # Only this backend's own family can ever be minted here; others are
@@ -408,3 +583,4 @@ class SqliteStorage(Storage):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._writer.stop)
         await loop.run_in_executor(None, self._reader.stop)
+        self._loop_conn.close()

@@ -15,7 +15,8 @@ from fencepost import reasons
 from ...storage import Item, Storage, StorageError
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
-from .layout import LeaseState, Meta, SessionKeys, session_not_found
+from ..paging import PageTokens
+from .layout import LeaseState, Meta, SessionKeys, session_keys, session_not_found
 
 log = logging.getLogger("fencepost.ledger")
 
@@ -117,9 +118,11 @@ class LedgerBase:
         config: LedgerConfig | None = None,
         clock: Callable[[], float] = time.time,
         events: Callable[..., None] | None = None,
+        pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits or Limits()
+        self.pages = pages or PageTokens.ephemeral()
         self.config = config or LedgerConfig()
         self.clock = clock
         #: metrics hook: events("janitor.orphans_found", 3); no-op by default
@@ -141,7 +144,7 @@ class LedgerBase:
 
     # -- helpers --------------------------------------------------------------------
     def keys(self, tenant: str, sid: str) -> SessionKeys:
-        return SessionKeys(tenant, sid)
+        return session_keys(tenant, sid)
 
     def ttl(self, ttl: float | None) -> float:
         """The lease time to live to grant: unset (0) is the default, negative is refused."""

@@ -12,7 +12,7 @@ from fencepost import reasons
 
 from ...storage import Check, Expect, Item, Put, Write
 from ..errors import NotFound, limit_error
-from ..paging import decode_token, encode_token, page_size
+from ..paging import page_size
 from .core import LedgerBase, bad, contended
 from .layout import (
     LeaseState,
@@ -143,8 +143,8 @@ class InboxMethods(SessionMethods, LeaseMethods):
     ) -> tuple[list[InboxEvent], str]:
         sk = self.keys(tenant, sid)
         limit = page_size(self.limits, size)
-        scope = f"ledger-inbox/{tenant}/{sid}"
-        after = decode_token(scope, token)
+        listing = ("ledger.list_inbox", sid)
+        after = await self.pages.resume(tenant, listing, token)
         items, head = await asyncio.gather(
             self.storage.list(sk.inbox, sk.inbox + after if after else None, limit + 1),
             self.storage.get(sk.head),
@@ -153,7 +153,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
             raise session_not_found(sid)
         # Payloads over the inline limit are one get each: read side by side.
         events = list(await asyncio.gather(*(self._event(sk, it) for it in items[:limit])))
-        nxt = encode_token(scope, events[-1].inbox_id) if len(items) > limit else ""
+        nxt = await self.pages.issue(tenant, listing, events[-1].inbox_id) if len(items) > limit else ""
         return events, nxt
 
     async def watch_inbox(self, tenant: str, sid: str, generation: int) -> AsyncIterator[InboxEvent]:

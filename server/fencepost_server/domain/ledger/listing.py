@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
 from ..errors import NotFound
-from ..paging import decode_token, encode_token, page_size
+from ..paging import page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
 from .core import bad
@@ -87,8 +87,8 @@ class ListingMethods(SessionMethods):
         max_sessions = max_sessions if max_sessions > 0 else DEFAULT_MAX_SESSIONS
         max_age = max_age if max_age > 0 else DEFAULT_MAX_AGE
         max_total_bytes = max_total_bytes if max_total_bytes > 0 else DEFAULT_MAX_BYTES
-        scope = f"ledger-sessions/{tenant}/{agent}/{max_sessions}/{max_age}/{max_total_bytes}"
-        resume = decode_token(scope, token)
+        listing = ("ledger.list_sessions", agent, max_sessions, max_age, max_total_bytes)
+        resume = await self.pages.resume(tenant, listing, token)
         now = int(self.clock() * 1e6)
         if resume is None:
             pos = _Position(now, "")
@@ -138,7 +138,7 @@ class ListingMethods(SessionMethods):
         finally:
             await self._sweep(sweep)
         pos.after = start[len(prefix):]
-        return out, encode_token(scope, json.dumps([pos.count, pos.used, pos.t0, pos.after]))
+        return out, await self.pages.issue(tenant, listing, json.dumps([pos.count, pos.used, pos.t0, pos.after]))
 
     async def idle_sessions(self, tenant: str, agent: str, before: float, limit: int = 1000) -> list[str]:
         """Up to `limit` sessions of the agent whose last activity is older than

@@ -40,7 +40,7 @@ from ...storage import Expect, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys
 from ..limits import Limits
-from ..paging import decode_token, encode_token, page_size
+from ..paging import PageTokens, page_size
 from . import ranking, rules
 from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
 from .rules import Entry, Injection, Topic
@@ -141,9 +141,11 @@ class MemoryStore:
         *,
         clock: Callable[[], int] = now_micros,
         cache_agents: int = 1024,
+        pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits or Limits()
+        self.pages = pages or PageTokens.ephemeral()
         self.clock = clock
         self._cache: OrderedDict[tuple[str, str], Fold] = OrderedDict()
         self._cache_agents = cache_agents
@@ -443,16 +445,18 @@ class MemoryStore:
         if limit:
             picked, truncated = rules.bound_newest(chrono, min(limit, self.limits.max_page_size))
             return ReadResult([self._present(folded, e, at, view.superseded) for e in picked], truncated)
-        scope = f"memory-list/{agent}/{validity}"
-        start = self._resume(scope, token, keys)
+        listing = ("memory.list", agent, validity)
+        start = await self._resume(tenant, listing, token, keys)
         page = chrono[start:start + per_page]
         more = start + per_page < len(chrono)
-        next_token = encode_token(scope, json.dumps(keys[start + per_page - 1])) if more else ""
+        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
         return ReadResult([self._present(folded, e, at, view.superseded) for e in page], False, next_token)
 
-    @staticmethod
-    def _resume(scope: str, token: str, keys: list[tuple[int, str]]) -> int:
-        after = decode_token(scope, token)
+    async def _next_token(self, tenant: str, listing: tuple[str, ...], last: tuple[int, str]) -> str:
+        return await self.pages.issue(tenant, listing, json.dumps(last))
+
+    async def _resume(self, tenant: str, listing: tuple[str, ...], token: str, keys: list[tuple[int, str]]) -> int:
+        after = await self.pages.resume(tenant, listing, token)
         if after is None:
             return 0
         try:
@@ -470,11 +474,11 @@ class MemoryStore:
         view = folded.view(at)
         chrono = folded.all_chrono()
         keys = [rules.chronology_key(e) for e in chrono]
-        scope = f"memory-audit/{agent}"
-        start = self._resume(scope, token, keys)
+        listing = ("memory.audit", agent)
+        start = await self._resume(tenant, listing, token, keys)
         page = chrono[start:start + per_page]
         more = start + per_page < len(chrono)
-        next_token = encode_token(scope, json.dumps(keys[start + per_page - 1])) if more else ""
+        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
         usage = await self._read_usage(tenant, agent, [e.id for e in page])
         return ReadResult(
             [self._present(folded, e, at, view.superseded, usage.get(e.id)) for e in page], False, next_token

@@ -31,7 +31,7 @@ from fencepost import reasons
 from ..errors import Aborted, InvalidArgument
 from ..ledger import Ledger
 from ..ledger.layout import gen_value, parse_seq, session_not_found
-from ..paging import decode_token, encode_token, page_size
+from ..paging import page_size
 from .records import (
     MAX_AFTER_SECONDS,
     MAX_SCHEDULED_AT_MS,
@@ -145,8 +145,8 @@ class Schedule:
     async def list(self, tenant: str, sid: str, *, due_only: bool = False, size: int = 0,
                    token: str = "") -> Listing:
         limit = page_size(self.ledger.limits, size)
-        scope = f"schedule/{'due' if due_only else 'all'}/{tenant}/{sid}"
-        after = decode_token(scope, token)
+        listing = ("schedule.due" if due_only else "schedule.list", sid)
+        after = await self.ledger.pages.resume(tenant, listing, token)
         f = await self.fold(tenant, sid)
         now = self.now_ms()
         items = f.reminders()
@@ -156,7 +156,8 @@ class Schedule:
             start = int(after)
             items = [r for r in items if (id_number(r.id) or 0) > start]
         page = items[:limit]
-        nxt = encode_token(scope, str(id_number(page[-1].id))) if len(items) > limit else ""
+        more = len(items) > limit
+        nxt = await self.ledger.pages.issue(tenant, listing, str(id_number(page[-1].id))) if more else ""
         rejected = [(r.seq, r.reason) for r in f.rejected] if after is None else []
         return Listing(page, f.seq, now, rejected, nxt)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +20,6 @@ DIRECTORY_PK = "d:"
 EMPTY_REST = "\x00"
 MAX_SORT_KEY_BYTES = 1024
 MAX_PARTITION_KEY_BYTES = 2048
-
-
-def new_version() -> str:
-    """128 random bits: unique without coordination between replicas, so a
-    token is never handed out twice (no ABA after delete and re-create)."""
-    return os.urandom(16).hex()
 
 
 def encode_rest(rest: str) -> str:

@@ -50,6 +50,7 @@ from ..base import (
     TxnResult,
     Write,
     highest_per_family,
+    new_version,
     validate_transaction,
 )
 from . import bulk, listing
@@ -59,7 +60,6 @@ from .codec import (
     directory_put,
     item_from,
     key_from,
-    new_version,
 )
 from .errors import Ambiguous, RetryPolicy, error_code, with_retries
 from .layout import KeyLayout

@@ -763,6 +763,7 @@ export const AdminServiceService = {
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent: {
     path: "/fencepost.v1.AdminService/EraseAgent" as const,
@@ -780,6 +781,7 @@ export const AdminServiceService = {
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
    * characters); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant: {
     path: "/fencepost.v1.AdminService/EraseTenant" as const,
@@ -795,6 +797,7 @@ export const AdminServiceService = {
    * every key of its scope is gone, with progress counts meanwhile.
    * Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
    * operation for this tenant; do not retry); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   getOperation: {
     path: "/fencepost.v1.AdminService/GetOperation" as const,
@@ -816,6 +819,7 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent: handleUnaryCall<EraseAgentRequest, EraseAgentResponse>;
   /**
@@ -825,6 +829,7 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
    * characters); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant: handleUnaryCall<EraseTenantRequest, EraseTenantResponse>;
   /**
@@ -832,6 +837,7 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * every key of its scope is gone, with progress counts meanwhile.
    * Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
    * operation for this tenant; do not retry); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   getOperation: handleUnaryCall<GetOperationRequest, GetOperationResponse>;
 }
@@ -844,6 +850,7 @@ export interface AdminServiceClient extends Client {
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent(
     request: EraseAgentRequest,
@@ -867,6 +874,7 @@ export interface AdminServiceClient extends Client {
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
    * characters); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant(
     request: EraseTenantRequest,
@@ -888,6 +896,7 @@ export interface AdminServiceClient extends Client {
    * every key of its scope is gone, with progress counts meanwhile.
    * Errors: NOT_FOUND / OPERATION_NOT_FOUND (metadata `name`: no such
    * operation for this tenant; do not retry); the common ones.
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   getOperation(
     request: GetOperationRequest,

@@ -2030,6 +2030,14 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  */
 export type EvalServiceService = typeof EvalServiceService;
 export const EvalServiceService = {
@@ -2038,6 +2046,7 @@ export const EvalServiceService = {
    * progresses and finishes): the stored snapshot is replaced and its
    * update time set to the server's clock. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   putEvalRun: {
     path: "/fencepost.v1.EvalService/PutEvalRun" as const,
@@ -2052,6 +2061,7 @@ export const EvalServiceService = {
    * GetEvalRun reads one eval run.
    * Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
    * this id (it was never written, was deleted, or was pruned): list again.
+   * Roles: service and operator.
    */
   getEvalRun: {
     path: "/fencepost.v1.EvalService/GetEvalRun" as const,
@@ -2066,6 +2076,7 @@ export const EvalServiceService = {
    * DeleteEvalRun removes one eval run; deleting a missing run succeeds with
    * `existed = false`.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   deleteEvalRun: {
     path: "/fencepost.v1.EvalService/DeleteEvalRun" as const,
@@ -2088,6 +2099,7 @@ export const EvalServiceService = {
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /
    * FIELD_INVALID (negative history_window).
+   * Roles: service and operator.
    */
   listEvalRuns: {
     path: "/fencepost.v1.EvalService/ListEvalRuns" as const,
@@ -2107,6 +2119,7 @@ export const EvalServiceService = {
    * is idempotent. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when experiment or session_id is
    * empty or `at` is unset.
+   * Roles: service and operator.
    */
   putAbSample: {
     path: "/fencepost.v1.EvalService/PutAbSample" as const,
@@ -2123,6 +2136,7 @@ export const EvalServiceService = {
    * (AIP-158); an empty `next_page_token` is the only end signal.
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listAbSamples: {
     path: "/fencepost.v1.EvalService/ListAbSamples" as const,
@@ -2139,6 +2153,7 @@ export const EvalServiceService = {
    * previous one (last write wins), so a replacement host with no local
    * sessions can serve the A/B surface. One backend write, no read.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putAbSnapshot: {
     path: "/fencepost.v1.EvalService/PutAbSnapshot" as const,
@@ -2154,6 +2169,7 @@ export const EvalServiceService = {
    * GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
    * never an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   getAbSnapshot: {
     path: "/fencepost.v1.EvalService/GetAbSnapshot" as const,
@@ -2173,18 +2189,21 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * progresses and finishes): the stored snapshot is replaced and its
    * update time set to the server's clock. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   putEvalRun: handleUnaryCall<PutEvalRunRequest, PutEvalRunResponse>;
   /**
    * GetEvalRun reads one eval run.
    * Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
    * this id (it was never written, was deleted, or was pruned): list again.
+   * Roles: service and operator.
    */
   getEvalRun: handleUnaryCall<GetEvalRunRequest, GetEvalRunResponse>;
   /**
    * DeleteEvalRun removes one eval run; deleting a missing run succeeds with
    * `existed = false`.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   deleteEvalRun: handleUnaryCall<DeleteEvalRunRequest, DeleteEvalRunResponse>;
   /**
@@ -2198,6 +2217,7 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /
    * FIELD_INVALID (negative history_window).
+   * Roles: service and operator.
    */
   listEvalRuns: handleUnaryCall<ListEvalRunsRequest, ListEvalRunsResponse>;
   /**
@@ -2208,6 +2228,7 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * is idempotent. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when experiment or session_id is
    * empty or `at` is unset.
+   * Roles: service and operator.
    */
   putAbSample: handleUnaryCall<PutAbSampleRequest, PutAbSampleResponse>;
   /**
@@ -2216,6 +2237,7 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * (AIP-158); an empty `next_page_token` is the only end signal.
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listAbSamples: handleUnaryCall<ListAbSamplesRequest, ListAbSamplesResponse>;
   /**
@@ -2223,12 +2245,14 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * previous one (last write wins), so a replacement host with no local
    * sessions can serve the A/B surface. One backend write, no read.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putAbSnapshot: handleUnaryCall<PutAbSnapshotRequest, PutAbSnapshotResponse>;
   /**
    * GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
    * never an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   getAbSnapshot: handleUnaryCall<GetAbSnapshotRequest, GetAbSnapshotResponse>;
 }
@@ -2239,6 +2263,7 @@ export interface EvalServiceClient extends Client {
    * progresses and finishes): the stored snapshot is replaced and its
    * update time set to the server's clock. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   putEvalRun(
     request: PutEvalRunRequest,
@@ -2259,6 +2284,7 @@ export interface EvalServiceClient extends Client {
    * GetEvalRun reads one eval run.
    * Errors: the common ones; NOT_FOUND / EVAL_RUN_NOT_FOUND when no run has
    * this id (it was never written, was deleted, or was pruned): list again.
+   * Roles: service and operator.
    */
   getEvalRun(
     request: GetEvalRunRequest,
@@ -2279,6 +2305,7 @@ export interface EvalServiceClient extends Client {
    * DeleteEvalRun removes one eval run; deleting a missing run succeeds with
    * `existed = false`.
    * Errors: the common ones; FIELD_INVALID when run_id is empty.
+   * Roles: service and operator.
    */
   deleteEvalRun(
     request: DeleteEvalRunRequest,
@@ -2306,6 +2333,7 @@ export interface EvalServiceClient extends Client {
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /
    * FIELD_INVALID (negative history_window).
+   * Roles: service and operator.
    */
   listEvalRuns(
     request: ListEvalRunsRequest,
@@ -2330,6 +2358,7 @@ export interface EvalServiceClient extends Client {
    * is idempotent. One backend write, no read.
    * Errors: the common ones; FIELD_INVALID when experiment or session_id is
    * empty or `at` is unset.
+   * Roles: service and operator.
    */
   putAbSample(
     request: PutAbSampleRequest,
@@ -2352,6 +2381,7 @@ export interface EvalServiceClient extends Client {
    * (AIP-158); an empty `next_page_token` is the only end signal.
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listAbSamples(
     request: ListAbSamplesRequest,
@@ -2373,6 +2403,7 @@ export interface EvalServiceClient extends Client {
    * previous one (last write wins), so a replacement host with no local
    * sessions can serve the A/B surface. One backend write, no read.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putAbSnapshot(
     request: PutAbSnapshotRequest,
@@ -2393,6 +2424,7 @@ export interface EvalServiceClient extends Client {
    * GetAbSnapshot reads the latest A/B aggregate. A miss is `found = false`,
    * never an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   getAbSnapshot(
     request: GetAbSnapshotRequest,

@@ -1372,6 +1372,14 @@ export const ReadArchiveResponse: MessageFns<ReadArchiveResponse> = {
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  */
 export type JournalServiceService = typeof JournalServiceService;
 export const JournalServiceService = {
@@ -1386,6 +1394,7 @@ export const JournalServiceService = {
    * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
    * different record: nothing was written; use a fresh id). A retry with the
    * same request_id and record returns the first attempt's record id.
+   * Roles: service and operator.
    */
   appendTurn: {
     path: "/fencepost.v1.JournalService/AppendTurn" as const,
@@ -1403,6 +1412,7 @@ export const JournalServiceService = {
    * flushed. An agent that never appended gets one message with
    * `found = false`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   readJournal: {
     path: "/fencepost.v1.JournalService/ReadJournal" as const,
@@ -1418,6 +1428,7 @@ export const JournalServiceService = {
    * at a time (AIP-158). An empty `next_page_token` is the only end signal.
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listArchives: {
     path: "/fencepost.v1.JournalService/ListArchives" as const,
@@ -1433,6 +1444,7 @@ export const JournalServiceService = {
    * ReadArchive streams one rotated journal as JSONL, in record id order.
    * Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
    * that name for this agent: list the archives again).
+   * Roles: service and operator.
    */
   readArchive: {
     path: "/fencepost.v1.JournalService/ReadArchive" as const,
@@ -1457,6 +1469,7 @@ export interface JournalServiceServer extends UntypedServiceImplementation {
    * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
    * different record: nothing was written; use a fresh id). A retry with the
    * same request_id and record returns the first attempt's record id.
+   * Roles: service and operator.
    */
   appendTurn: handleUnaryCall<AppendTurnRequest, AppendTurnResponse>;
   /**
@@ -1466,6 +1479,7 @@ export interface JournalServiceServer extends UntypedServiceImplementation {
    * flushed. An agent that never appended gets one message with
    * `found = false`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   readJournal: handleServerStreamingCall<ReadJournalRequest, ReadJournalResponse>;
   /**
@@ -1473,12 +1487,14 @@ export interface JournalServiceServer extends UntypedServiceImplementation {
    * at a time (AIP-158). An empty `next_page_token` is the only end signal.
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listArchives: handleUnaryCall<ListArchivesRequest, ListArchivesResponse>;
   /**
    * ReadArchive streams one rotated journal as JSONL, in record id order.
    * Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
    * that name for this agent: list the archives again).
+   * Roles: service and operator.
    */
   readArchive: handleServerStreamingCall<ReadArchiveRequest, ReadArchiveResponse>;
 }
@@ -1495,6 +1511,7 @@ export interface JournalServiceClient extends Client {
    * INVALID_ARGUMENT / REQUEST_ID_REUSED (the request_id was used for a
    * different record: nothing was written; use a fresh id). A retry with the
    * same request_id and record returns the first attempt's record id.
+   * Roles: service and operator.
    */
   appendTurn(
     request: AppendTurnRequest,
@@ -1518,6 +1535,7 @@ export interface JournalServiceClient extends Client {
    * flushed. An agent that never appended gets one message with
    * `found = false`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   readJournal(request: ReadJournalRequest, options?: Partial<CallOptions>): ClientReadableStream<ReadJournalResponse>;
   readJournal(
@@ -1530,6 +1548,7 @@ export interface JournalServiceClient extends Client {
    * at a time (AIP-158). An empty `next_page_token` is the only end signal.
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (restart without a token).
+   * Roles: service and operator.
    */
   listArchives(
     request: ListArchivesRequest,
@@ -1550,6 +1569,7 @@ export interface JournalServiceClient extends Client {
    * ReadArchive streams one rotated journal as JSONL, in record id order.
    * Errors: the common ones; NOT_FOUND / ARCHIVE_NOT_FOUND (no archive of
    * that name for this agent: list the archives again).
+   * Roles: service and operator.
    */
   readArchive(request: ReadArchiveRequest, options?: Partial<CallOptions>): ClientReadableStream<ReadArchiveResponse>;
   readArchive(

@@ -175,7 +175,10 @@ export interface ListKeysRequest {
   prefix: string;
   /** As ListRequest.page_size. */
   pageSize: number;
-  /** As ListRequest.page_token. */
+  /**
+   * As ListRequest.page_token (a List token resumes a ListKeys of the same
+   * prefix, and the other way round: both walk the same positions).
+   */
   pageToken: string;
 }
 
@@ -2566,6 +2569,14 @@ export const TxnResponse: MessageFns<TxnResponse> = {
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  */
 export type KvServiceService = typeof KvServiceService;
 export const KvServiceService = {
@@ -2574,6 +2585,7 @@ export const KvServiceService = {
    * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
    * request_id was used for a different request). Idempotent when retried
    * with the same request_id.
+   * Roles: service and operator.
    */
   put: {
     path: "/fencepost.v1.KvService/Put" as const,
@@ -2587,6 +2599,7 @@ export const KvServiceService = {
   /**
    * Get reads a key. A miss is `found = false`, never an error.
    * Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   get: {
     path: "/fencepost.v1.KvService/Get" as const,
@@ -2600,6 +2613,7 @@ export const KvServiceService = {
   /**
    * Delete removes a key; deleting a missing key succeeds with `existed = false`.
    * Errors: the common ones; REQUEST_ID_REUSED as Put.
+   * Roles: service and operator.
    */
   delete: {
     path: "/fencepost.v1.KvService/Delete" as const,
@@ -2616,6 +2630,7 @@ export const KvServiceService = {
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   list: {
     path: "/fencepost.v1.KvService/List" as const,
@@ -2629,6 +2644,7 @@ export const KvServiceService = {
   /**
    * GetWithVersion reads a key and its version (the same as Get; kept as its
    * own RPC so the contract mirrors the compare-and-set group).
+   * Roles: service and operator.
    */
   getWithVersion: {
     path: "/fencepost.v1.KvService/GetWithVersion" as const,
@@ -2646,6 +2662,7 @@ export const KvServiceService = {
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putIfAbsent: {
     path: "/fencepost.v1.KvService/PutIfAbsent" as const,
@@ -2662,6 +2679,7 @@ export const KvServiceService = {
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
    * expected_version is empty.
+   * Roles: service and operator.
    */
   putIfVersion: {
     path: "/fencepost.v1.KvService/PutIfVersion" as const,
@@ -2677,6 +2695,7 @@ export const KvServiceService = {
    * DeleteIfVersion deletes a key only when its current version equals
    * `expected_version` (the conditional delete a lock release needs).
    * Errors: as PutIfVersion.
+   * Roles: service and operator.
    */
   deleteIfVersion: {
     path: "/fencepost.v1.KvService/DeleteIfVersion" as const,
@@ -2692,6 +2711,7 @@ export const KvServiceService = {
   /**
    * ListKeys returns every key under a prefix in key order, paginated, no values.
    * Errors: as List.
+   * Roles: service and operator.
    */
   listKeys: {
     path: "/fencepost.v1.KvService/ListKeys" as const,
@@ -2713,6 +2733,7 @@ export const KvServiceService = {
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
    * keys kept changing under concurrent writers: retry the whole transaction).
+   * Roles: service and operator.
    */
   txn: {
     path: "/fencepost.v1.KvService/Txn" as const,
@@ -2731,16 +2752,19 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
    * request_id was used for a different request). Idempotent when retried
    * with the same request_id.
+   * Roles: service and operator.
    */
   put: handleUnaryCall<PutRequest, PutResponse>;
   /**
    * Get reads a key. A miss is `found = false`, never an error.
    * Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   get: handleUnaryCall<GetRequest, GetResponse>;
   /**
    * Delete removes a key; deleting a missing key succeeds with `existed = false`.
    * Errors: the common ones; REQUEST_ID_REUSED as Put.
+   * Roles: service and operator.
    */
   delete: handleUnaryCall<DeleteRequest, DeleteResponse>;
   /**
@@ -2749,11 +2773,13 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   list: handleUnaryCall<ListRequest, ListResponse>;
   /**
    * GetWithVersion reads a key and its version (the same as Get; kept as its
    * own RPC so the contract mirrors the compare-and-set group).
+   * Roles: service and operator.
    */
   getWithVersion: handleUnaryCall<GetWithVersionRequest, GetWithVersionResponse>;
   /**
@@ -2761,6 +2787,7 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putIfAbsent: handleUnaryCall<PutIfAbsentRequest, PutIfAbsentResponse>;
   /**
@@ -2769,17 +2796,20 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
    * expected_version is empty.
+   * Roles: service and operator.
    */
   putIfVersion: handleUnaryCall<PutIfVersionRequest, PutIfVersionResponse>;
   /**
    * DeleteIfVersion deletes a key only when its current version equals
    * `expected_version` (the conditional delete a lock release needs).
    * Errors: as PutIfVersion.
+   * Roles: service and operator.
    */
   deleteIfVersion: handleUnaryCall<DeleteIfVersionRequest, DeleteIfVersionResponse>;
   /**
    * ListKeys returns every key under a prefix in key order, paginated, no values.
    * Errors: as List.
+   * Roles: service and operator.
    */
   listKeys: handleUnaryCall<ListKeysRequest, ListKeysResponse>;
   /**
@@ -2793,6 +2823,7 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
    * keys kept changing under concurrent writers: retry the whole transaction).
+   * Roles: service and operator.
    */
   txn: handleUnaryCall<TxnRequest, TxnResponse>;
 }
@@ -2803,6 +2834,7 @@ export interface KvServiceClient extends Client {
    * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED (the
    * request_id was used for a different request). Idempotent when retried
    * with the same request_id.
+   * Roles: service and operator.
    */
   put(request: PutRequest, callback: (error: ServiceError | null, response: PutResponse) => void): ClientUnaryCall;
   put(
@@ -2819,6 +2851,7 @@ export interface KvServiceClient extends Client {
   /**
    * Get reads a key. A miss is `found = false`, never an error.
    * Errors: KEY_INVALID, KEY_TOO_LONG, BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   get(request: GetRequest, callback: (error: ServiceError | null, response: GetResponse) => void): ClientUnaryCall;
   get(
@@ -2835,6 +2868,7 @@ export interface KvServiceClient extends Client {
   /**
    * Delete removes a key; deleting a missing key succeeds with `existed = false`.
    * Errors: the common ones; REQUEST_ID_REUSED as Put.
+   * Roles: service and operator.
    */
   delete(
     request: DeleteRequest,
@@ -2857,6 +2891,7 @@ export interface KvServiceClient extends Client {
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
+   * Roles: service and operator.
    */
   list(request: ListRequest, callback: (error: ServiceError | null, response: ListResponse) => void): ClientUnaryCall;
   list(
@@ -2873,6 +2908,7 @@ export interface KvServiceClient extends Client {
   /**
    * GetWithVersion reads a key and its version (the same as Get; kept as its
    * own RPC so the contract mirrors the compare-and-set group).
+   * Roles: service and operator.
    */
   getWithVersion(
     request: GetWithVersionRequest,
@@ -2894,6 +2930,7 @@ export interface KvServiceClient extends Client {
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   putIfAbsent(
     request: PutIfAbsentRequest,
@@ -2916,6 +2953,7 @@ export interface KvServiceClient extends Client {
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
    * expected_version is empty.
+   * Roles: service and operator.
    */
   putIfVersion(
     request: PutIfVersionRequest,
@@ -2936,6 +2974,7 @@ export interface KvServiceClient extends Client {
    * DeleteIfVersion deletes a key only when its current version equals
    * `expected_version` (the conditional delete a lock release needs).
    * Errors: as PutIfVersion.
+   * Roles: service and operator.
    */
   deleteIfVersion(
     request: DeleteIfVersionRequest,
@@ -2955,6 +2994,7 @@ export interface KvServiceClient extends Client {
   /**
    * ListKeys returns every key under a prefix in key order, paginated, no values.
    * Errors: as List.
+   * Roles: service and operator.
    */
   listKeys(
     request: ListKeysRequest,
@@ -2982,6 +3022,7 @@ export interface KvServiceClient extends Client {
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
    * keys kept changing under concurrent writers: retry the whole transaction).
+   * Roles: service and operator.
    */
   txn(request: TxnRequest, callback: (error: ServiceError | null, response: TxnResponse) => void): ClientUnaryCall;
   txn(

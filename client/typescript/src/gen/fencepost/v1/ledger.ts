@@ -4557,6 +4557,14 @@ export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  *
  * Lease errors (FAILED_PRECONDITION; never retry as is):
  * - LEASE_HELD: another holder has a live lease (metadata `holder`,
@@ -4576,6 +4584,7 @@ export const LedgerServiceService = {
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   openSession: {
     path: "/fencepost.v1.LedgerService/OpenSession" as const,
@@ -4590,6 +4599,7 @@ export const LedgerServiceService = {
    * ResolveSession returns the session of (agent, session_key).
    * Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
    * UNAVAILABLE during an outage (retry; never open a second session then).
+   * Roles: service and operator.
    */
   resolveSession: {
     path: "/fencepost.v1.LedgerService/ResolveSession" as const,
@@ -4606,6 +4616,7 @@ export const LedgerServiceService = {
    * GetSession returns a session's head: seq, lease, pending inbox count,
    * fork parent and times.
    * Errors: SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   getSession: {
     path: "/fencepost.v1.LedgerService/GetSession" as const,
@@ -4626,6 +4637,7 @@ export const LedgerServiceService = {
    * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
+   * Roles: service and operator.
    */
   listSessions: {
     path: "/fencepost.v1.LedgerService/ListSessions" as const,
@@ -4644,6 +4656,7 @@ export const LedgerServiceService = {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
+   * Roles: service and operator.
    */
   fork: {
     path: "/fencepost.v1.LedgerService/Fork" as const,
@@ -4663,6 +4676,7 @@ export const LedgerServiceService = {
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
    * kept changing under concurrent writers: retry); the common ones.
+   * Roles: service and operator.
    */
   acquireLease: {
     path: "/fencepost.v1.LedgerService/AcquireLease" as const,
@@ -4680,6 +4694,7 @@ export const LedgerServiceService = {
    * generation only, so a retry after an ambiguous failure still succeeds.
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
    * SESSION_NOT_FOUND; the common ones (retry).
+   * Roles: service and operator.
    */
   renewLease: {
     path: "/fencepost.v1.LedgerService/RenewLease" as const,
@@ -4699,6 +4714,7 @@ export const LedgerServiceService = {
    * the inbox with a Commit, then release again); LEASE_FENCED (you no longer
    * hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
    * (deliveries kept racing the release: retry); the common ones.
+   * Roles: service and operator.
    */
   releaseLease: {
     path: "/fencepost.v1.LedgerService/ReleaseLease" as const,
@@ -4731,6 +4747,7 @@ export const LedgerServiceService = {
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   commit: {
     path: "/fencepost.v1.LedgerService/Commit" as const,
@@ -4746,6 +4763,7 @@ export const LedgerServiceService = {
    * included), in pages read from the backend one at a time, so any length
    * reads in bounded memory.
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+   * Roles: service and operator.
    */
   readLog: {
     path: "/fencepost.v1.LedgerService/ReadLog" as const,
@@ -4766,6 +4784,7 @@ export const LedgerServiceService = {
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
+   * Roles: service and operator.
    */
   deliver: {
     path: "/fencepost.v1.LedgerService/Deliver" as const,
@@ -4779,6 +4798,7 @@ export const LedgerServiceService = {
   /**
    * ListInbox returns pending events in arrival order (AIP-158 paging).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+   * Roles: service and operator.
    */
   listInbox: {
     path: "/fencepost.v1.LedgerService/ListInbox" as const,
@@ -4794,6 +4814,7 @@ export const LedgerServiceService = {
    * each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
    * once `generation` is no longer current (stop working on the session).
    * Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+   * Roles: service and operator.
    */
   watchInbox: {
     path: "/fencepost.v1.LedgerService/WatchInbox" as const,
@@ -4810,6 +4831,7 @@ export const LedgerServiceService = {
    * lease, waiting up to `wait` for one. `found = false` when none turned up.
    * The caller serves the session: drain the inbox, commit, release.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   claimOrphan: {
     path: "/fencepost.v1.LedgerService/ClaimOrphan" as const,
@@ -4840,6 +4862,7 @@ export const LedgerServiceService = {
    * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
    * (nothing of the session is left); the common ones (retry: a delete is
    * idempotent until it completes).
+   * Roles: service and operator.
    */
   deleteSession: {
     path: "/fencepost.v1.LedgerService/DeleteSession" as const,
@@ -4862,18 +4885,21 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   openSession: handleUnaryCall<OpenSessionRequest, OpenSessionResponse>;
   /**
    * ResolveSession returns the session of (agent, session_key).
    * Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
    * UNAVAILABLE during an outage (retry; never open a second session then).
+   * Roles: service and operator.
    */
   resolveSession: handleUnaryCall<ResolveSessionRequest, ResolveSessionResponse>;
   /**
    * GetSession returns a session's head: seq, lease, pending inbox count,
    * fork parent and times.
    * Errors: SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   getSession: handleUnaryCall<GetSessionRequest, GetSessionResponse>;
   /**
@@ -4886,6 +4912,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
+   * Roles: service and operator.
    */
   listSessions: handleUnaryCall<ListSessionsRequest, ListSessionsResponse>;
   /**
@@ -4895,6 +4922,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
+   * Roles: service and operator.
    */
   fork: handleUnaryCall<ForkRequest, ForkResponse>;
   /**
@@ -4906,6 +4934,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
    * kept changing under concurrent writers: retry); the common ones.
+   * Roles: service and operator.
    */
   acquireLease: handleUnaryCall<AcquireLeaseRequest, AcquireLeaseResponse>;
   /**
@@ -4914,6 +4943,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * generation only, so a retry after an ambiguous failure still succeeds.
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
    * SESSION_NOT_FOUND; the common ones (retry).
+   * Roles: service and operator.
    */
   renewLease: handleUnaryCall<RenewLeaseRequest, RenewLeaseResponse>;
   /**
@@ -4925,6 +4955,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * the inbox with a Commit, then release again); LEASE_FENCED (you no longer
    * hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
    * (deliveries kept racing the release: retry); the common ones.
+   * Roles: service and operator.
    */
   releaseLease: handleUnaryCall<ReleaseLeaseRequest, ReleaseLeaseResponse>;
   /**
@@ -4948,6 +4979,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   commit: handleUnaryCall<CommitRequest, CommitResponse>;
   /**
@@ -4955,6 +4987,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * included), in pages read from the backend one at a time, so any length
    * reads in bounded memory.
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+   * Roles: service and operator.
    */
   readLog: handleServerStreamingCall<ReadLogRequest, ReadLogResponse>;
   /**
@@ -4967,11 +5000,13 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
+   * Roles: service and operator.
    */
   deliver: handleUnaryCall<DeliverRequest, DeliverResponse>;
   /**
    * ListInbox returns pending events in arrival order (AIP-158 paging).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+   * Roles: service and operator.
    */
   listInbox: handleUnaryCall<ListInboxRequest, ListInboxResponse>;
   /**
@@ -4979,6 +5014,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
    * once `generation` is no longer current (stop working on the session).
    * Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+   * Roles: service and operator.
    */
   watchInbox: handleServerStreamingCall<WatchInboxRequest, WatchInboxResponse>;
   /**
@@ -4987,6 +5023,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * lease, waiting up to `wait` for one. `found = false` when none turned up.
    * The caller serves the session: drain the inbox, commit, release.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   claimOrphan: handleUnaryCall<ClaimOrphanRequest, ClaimOrphanResponse>;
   /**
@@ -5009,6 +5046,7 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
    * (nothing of the session is left); the common ones (retry: a delete is
    * idempotent until it completes).
+   * Roles: service and operator.
    */
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
 }
@@ -5022,6 +5060,7 @@ export interface LedgerServiceClient extends Client {
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   openSession(
     request: OpenSessionRequest,
@@ -5042,6 +5081,7 @@ export interface LedgerServiceClient extends Client {
    * ResolveSession returns the session of (agent, session_key).
    * Errors: NOT_FOUND / SESSION_NOT_FOUND only on a real miss (open it);
    * UNAVAILABLE during an outage (retry; never open a second session then).
+   * Roles: service and operator.
    */
   resolveSession(
     request: ResolveSessionRequest,
@@ -5062,6 +5102,7 @@ export interface LedgerServiceClient extends Client {
    * GetSession returns a session's head: seq, lease, pending inbox count,
    * fork parent and times.
    * Errors: SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   getSession(
     request: GetSessionRequest,
@@ -5088,6 +5129,7 @@ export interface LedgerServiceClient extends Client {
    * hold fewer sessions than page_size (even none) with a next_page_token.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones.
+   * Roles: service and operator.
    */
   listSessions(
     request: ListSessionsRequest,
@@ -5111,6 +5153,7 @@ export interface LedgerServiceClient extends Client {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
+   * Roles: service and operator.
    */
   fork(request: ForkRequest, callback: (error: ServiceError | null, response: ForkResponse) => void): ClientUnaryCall;
   fork(
@@ -5133,6 +5176,7 @@ export interface LedgerServiceClient extends Client {
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
    * kept changing under concurrent writers: retry); the common ones.
+   * Roles: service and operator.
    */
   acquireLease(
     request: AcquireLeaseRequest,
@@ -5155,6 +5199,7 @@ export interface LedgerServiceClient extends Client {
    * generation only, so a retry after an ambiguous failure still succeeds.
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (stop working: final);
    * SESSION_NOT_FOUND; the common ones (retry).
+   * Roles: service and operator.
    */
   renewLease(
     request: RenewLeaseRequest,
@@ -5180,6 +5225,7 @@ export interface LedgerServiceClient extends Client {
    * the inbox with a Commit, then release again); LEASE_FENCED (you no longer
    * hold it: nothing to release); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED
    * (deliveries kept racing the release: retry); the common ones.
+   * Roles: service and operator.
    */
   releaseLease(
     request: ReleaseLeaseRequest,
@@ -5217,6 +5263,7 @@ export interface LedgerServiceClient extends Client {
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
+   * Roles: service and operator.
    */
   commit(
     request: CommitRequest,
@@ -5238,6 +5285,7 @@ export interface LedgerServiceClient extends Client {
    * included), in pages read from the backend one at a time, so any length
    * reads in bounded memory.
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
+   * Roles: service and operator.
    */
   readLog(request: ReadLogRequest, options?: Partial<CallOptions>): ClientReadableStream<ReadLogResponse>;
   readLog(
@@ -5255,6 +5303,7 @@ export interface LedgerServiceClient extends Client {
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
+   * Roles: service and operator.
    */
   deliver(
     request: DeliverRequest,
@@ -5274,6 +5323,7 @@ export interface LedgerServiceClient extends Client {
   /**
    * ListInbox returns pending events in arrival order (AIP-158 paging).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
+   * Roles: service and operator.
    */
   listInbox(
     request: ListInboxRequest,
@@ -5295,6 +5345,7 @@ export interface LedgerServiceClient extends Client {
    * each newly parked event. It ends with FAILED_PRECONDITION / LEASE_FENCED
    * once `generation` is no longer current (stop working on the session).
    * Errors: SESSION_NOT_FOUND; the common ones (re-watch).
+   * Roles: service and operator.
    */
   watchInbox(request: WatchInboxRequest, options?: Partial<CallOptions>): ClientReadableStream<WatchInboxResponse>;
   watchInbox(
@@ -5308,6 +5359,7 @@ export interface LedgerServiceClient extends Client {
    * lease, waiting up to `wait` for one. `found = false` when none turned up.
    * The caller serves the session: drain the inbox, commit, release.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   claimOrphan(
     request: ClaimOrphanRequest,
@@ -5344,6 +5396,7 @@ export interface LedgerServiceClient extends Client {
    * forks kept changing the session meanwhile: retry); SESSION_NOT_FOUND
    * (nothing of the session is left); the common ones (retry: a delete is
    * idempotent until it completes).
+   * Roles: service and operator.
    */
   deleteSession(
     request: DeleteSessionRequest,

@@ -88,7 +88,10 @@ export enum MemoryTrust {
   UNSPECIFIED = 0,
   /** OWN - The agent's own conclusion. */
   OWN = 1,
-  /** OPERATOR - Said by an operator. */
+  /**
+   * OPERATOR - Said by an operator. Only the operator role may set it (Append, Import,
+   * ReassertTrust): a service token that tries is PERMISSION_DENIED.
+   */
   OPERATOR = 2,
   /** USER - Said by an authorized user. */
   USER = 3,
@@ -437,7 +440,10 @@ export interface MemoryServiceAppendRequest {
   metadata:
     | { [key: string]: any }
     | undefined;
-  /** Where the fact came from (optional; no trust label reads as unknown). */
+  /**
+   * Where the fact came from (optional; no trust label reads as unknown).
+   * MEMORY_TRUST_OPERATOR needs the operator role.
+   */
   provenance:
     | MemoryProvenance
     | undefined;
@@ -3836,6 +3842,14 @@ export const MemoryServiceBuildInjectionResponse: MessageFns<MemoryServiceBuildI
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  */
 export type MemoryServiceService = typeof MemoryServiceService;
 export const MemoryServiceService = {
@@ -3845,8 +3859,14 @@ export const MemoryServiceService = {
    * over 4096 UTF-8 bytes: shorten or split it, nothing was written);
    * INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-   * (`supersedes` is not a live entry of this agent: re-read, do not retry).
+   * (`supersedes` is not a live entry of this agent: re-read, do not retry);
+   * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+   * trust label: drop the label or ask an operator; metadata `role`).
    * Idempotent when retried with the same request_id.
+   * Roles: service and operator; the operator trust label (provenance.trust)
+   * needs the operator role (a service token gets PERMISSION_DENIED /
+   * PERMISSION_DENIED and nothing is written: only an operator may say that
+   * an operator said it).
    */
   append: {
     path: "/fencepost.v1.MemoryService/Append" as const,
@@ -3864,6 +3884,7 @@ export const MemoryServiceService = {
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * Roles: service and operator.
    */
   list: {
     path: "/fencepost.v1.MemoryService/List" as const,
@@ -3882,6 +3903,7 @@ export const MemoryServiceService = {
    * included and marked. A query with no letters or digits matches nothing.
    * Each returned entry's usage counters are bumped.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   search: {
     path: "/fencepost.v1.MemoryService/Search" as const,
@@ -3898,6 +3920,7 @@ export const MemoryServiceService = {
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
    * Errors: the common ones. Idempotent with the same request_id.
+   * Roles: service and operator.
    */
   forget: {
     path: "/fencepost.v1.MemoryService/Forget" as const,
@@ -3912,8 +3935,11 @@ export const MemoryServiceService = {
   },
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record.
-   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * what Forget hid, so it needs the operator role.
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+   * PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   audit: {
     path: "/fencepost.v1.MemoryService/Audit" as const,
@@ -3931,6 +3957,7 @@ export const MemoryServiceService = {
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: {
     path: "/fencepost.v1.MemoryService/ReassertTrust" as const,
@@ -3953,6 +3980,7 @@ export const MemoryServiceService = {
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
    * this agent with that id: re-read).
+   * Roles: service and operator.
    */
   pin: {
     path: "/fencepost.v1.MemoryService/Pin" as const,
@@ -3968,6 +3996,7 @@ export const MemoryServiceService = {
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
    * holds no pin. Errors: the common ones.
+   * Roles: service and operator.
    */
   unpin: {
     path: "/fencepost.v1.MemoryService/Unpin" as const,
@@ -3985,6 +4014,7 @@ export const MemoryServiceService = {
    * what the prompt carries (effective pins that are live and true now);
    * `allocated` is every pin holding budget (superseded and out-of-window
    * pins included). Errors: the common ones.
+   * Roles: service and operator.
    */
   pinned: {
     path: "/fencepost.v1.MemoryService/Pinned" as const,
@@ -4000,6 +4030,7 @@ export const MemoryServiceService = {
   /**
    * Topics returns one topic per about key over the entries true now,
    * ordered by count descending, then name. Errors: the common ones.
+   * Roles: service and operator.
    */
   topics: {
     path: "/fencepost.v1.MemoryService/Topics" as const,
@@ -4021,6 +4052,7 @@ export const MemoryServiceService = {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
    * (nothing of the call is written).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: {
     path: "/fencepost.v1.MemoryService/Import" as const,
@@ -4040,6 +4072,7 @@ export const MemoryServiceService = {
    * 4096 bytes, skipping pinned entries; newest first with ties on
    * created_at broken by id ascending, presented oldest first).
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   buildInjection: {
     path: "/fencepost.v1.MemoryService/BuildInjection" as const,
@@ -4063,8 +4096,14 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * over 4096 UTF-8 bytes: shorten or split it, nothing was written);
    * INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-   * (`supersedes` is not a live entry of this agent: re-read, do not retry).
+   * (`supersedes` is not a live entry of this agent: re-read, do not retry);
+   * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+   * trust label: drop the label or ask an operator; metadata `role`).
    * Idempotent when retried with the same request_id.
+   * Roles: service and operator; the operator trust label (provenance.trust)
+   * needs the operator role (a service token gets PERMISSION_DENIED /
+   * PERMISSION_DENIED and nothing is written: only an operator may say that
+   * an operator said it).
    */
   append: handleUnaryCall<MemoryServiceAppendRequest, MemoryServiceAppendResponse>;
   /**
@@ -4072,6 +4111,7 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * Roles: service and operator.
    */
   list: handleUnaryCall<MemoryServiceListRequest, MemoryServiceListResponse>;
   /**
@@ -4080,18 +4120,23 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * included and marked. A query with no letters or digits matches nothing.
    * Each returned entry's usage counters are bumped.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   search: handleUnaryCall<MemoryServiceSearchRequest, MemoryServiceSearchResponse>;
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
    * Errors: the common ones. Idempotent with the same request_id.
+   * Roles: service and operator.
    */
   forget: handleUnaryCall<MemoryServiceForgetRequest, MemoryServiceForgetResponse>;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record.
-   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * what Forget hid, so it needs the operator role.
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+   * PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   audit: handleUnaryCall<MemoryServiceAuditRequest, MemoryServiceAuditResponse>;
   /**
@@ -4099,6 +4144,7 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: handleUnaryCall<MemoryServiceReassertTrustRequest, MemoryServiceReassertTrustResponse>;
   /**
@@ -4109,11 +4155,13 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
    * this agent with that id: re-read).
+   * Roles: service and operator.
    */
   pin: handleUnaryCall<MemoryServicePinRequest, MemoryServicePinResponse>;
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
    * holds no pin. Errors: the common ones.
+   * Roles: service and operator.
    */
   unpin: handleUnaryCall<MemoryServiceUnpinRequest, MemoryServiceUnpinResponse>;
   /**
@@ -4121,11 +4169,13 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * what the prompt carries (effective pins that are live and true now);
    * `allocated` is every pin holding budget (superseded and out-of-window
    * pins included). Errors: the common ones.
+   * Roles: service and operator.
    */
   pinned: handleUnaryCall<MemoryServicePinnedRequest, MemoryServicePinnedResponse>;
   /**
    * Topics returns one topic per about key over the entries true now,
    * ordered by count descending, then name. Errors: the common ones.
+   * Roles: service and operator.
    */
   topics: handleUnaryCall<MemoryServiceTopicsRequest, MemoryServiceTopicsResponse>;
   /**
@@ -4137,6 +4187,7 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
    * (nothing of the call is written).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: handleUnaryCall<MemoryServiceImportRequest, MemoryServiceImportResponse>;
   /**
@@ -4146,6 +4197,7 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * 4096 bytes, skipping pinned entries; newest first with ties on
    * created_at broken by id ascending, presented oldest first).
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   buildInjection: handleUnaryCall<MemoryServiceBuildInjectionRequest, MemoryServiceBuildInjectionResponse>;
 }
@@ -4157,8 +4209,14 @@ export interface MemoryServiceClient extends Client {
    * over 4096 UTF-8 bytes: shorten or split it, nothing was written);
    * INVALID_ARGUMENT / ABOUT_TOO_LARGE (more than 12 about keys or 512 bytes
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
-   * (`supersedes` is not a live entry of this agent: re-read, do not retry).
+   * (`supersedes` is not a live entry of this agent: re-read, do not retry);
+   * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
+   * trust label: drop the label or ask an operator; metadata `role`).
    * Idempotent when retried with the same request_id.
+   * Roles: service and operator; the operator trust label (provenance.trust)
+   * needs the operator role (a service token gets PERMISSION_DENIED /
+   * PERMISSION_DENIED and nothing is written: only an operator may say that
+   * an operator said it).
    */
   append(
     request: MemoryServiceAppendRequest,
@@ -4180,6 +4238,7 @@ export interface MemoryServiceClient extends Client {
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
    * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * Roles: service and operator.
    */
   list(
     request: MemoryServiceListRequest,
@@ -4202,6 +4261,7 @@ export interface MemoryServiceClient extends Client {
    * included and marked. A query with no letters or digits matches nothing.
    * Each returned entry's usage counters are bumped.
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   search(
     request: MemoryServiceSearchRequest,
@@ -4222,6 +4282,7 @@ export interface MemoryServiceClient extends Client {
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
    * Errors: the common ones. Idempotent with the same request_id.
+   * Roles: service and operator.
    */
   forget(
     request: MemoryServiceForgetRequest,
@@ -4240,8 +4301,11 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record.
-   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * what Forget hid, so it needs the operator role.
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
+   * PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   audit(
     request: MemoryServiceAuditRequest,
@@ -4263,6 +4327,7 @@ export interface MemoryServiceClient extends Client {
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
    * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust(
     request: MemoryServiceReassertTrustRequest,
@@ -4287,6 +4352,7 @@ export interface MemoryServiceClient extends Client {
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
    * this agent with that id: re-read).
+   * Roles: service and operator.
    */
   pin(
     request: MemoryServicePinRequest,
@@ -4306,6 +4372,7 @@ export interface MemoryServiceClient extends Client {
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
    * holds no pin. Errors: the common ones.
+   * Roles: service and operator.
    */
   unpin(
     request: MemoryServiceUnpinRequest,
@@ -4327,6 +4394,7 @@ export interface MemoryServiceClient extends Client {
    * what the prompt carries (effective pins that are live and true now);
    * `allocated` is every pin holding budget (superseded and out-of-window
    * pins included). Errors: the common ones.
+   * Roles: service and operator.
    */
   pinned(
     request: MemoryServicePinnedRequest,
@@ -4346,6 +4414,7 @@ export interface MemoryServiceClient extends Client {
   /**
    * Topics returns one topic per about key over the entries true now,
    * ordered by count descending, then name. Errors: the common ones.
+   * Roles: service and operator.
    */
   topics(
     request: MemoryServiceTopicsRequest,
@@ -4371,6 +4440,7 @@ export interface MemoryServiceClient extends Client {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
    * (nothing of the call is written).
+   * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import(
     request: MemoryServiceImportRequest,
@@ -4394,6 +4464,7 @@ export interface MemoryServiceClient extends Client {
    * 4096 bytes, skipping pinned entries; newest first with ties on
    * created_at broken by id ascending, presented oldest first).
    * Errors: the common ones.
+   * Roles: service and operator.
    */
   buildInjection(
     request: MemoryServiceBuildInjectionRequest,

@@ -1928,6 +1928,14 @@ export const WatchDueResponse: MessageFns<WatchDueResponse> = {
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
+ * - INVALID_ARGUMENT / PAGE_TOKEN_INVALID (listings): the page token was not
+ *   issued by this deployment to this tenant for this listing with these
+ *   parameters, or was altered or truncated. Nothing is listed; restart
+ *   without a token. Tokens are sealed: they reveal no key or position.
+ * - Roles: each RPC's `Roles:` line says which roles (service, operator) may
+ *   call it; README, "Security: who may do what", has the whole table. A
+ *   call the caller's role may not make is PERMISSION_DENIED (metadata
+ *   `role`) and writes nothing. Do not retry as is.
  */
 export type ScheduleServiceService = typeof ScheduleServiceService;
 export const ScheduleServiceService = {
@@ -1944,6 +1952,7 @@ export const ScheduleServiceService = {
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+   * Roles: service and operator.
    */
   createReminder: {
     path: "/fencepost.v1.ScheduleService/CreateReminder" as const,
@@ -1963,6 +1972,7 @@ export const ScheduleServiceService = {
    * Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
    * FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
    * ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   deleteReminder: {
     path: "/fencepost.v1.ScheduleService/DeleteReminder" as const,
@@ -1981,6 +1991,7 @@ export const ScheduleServiceService = {
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
+   * Roles: service and operator.
    */
   listReminders: {
     path: "/fencepost.v1.ScheduleService/ListReminders" as const,
@@ -1998,6 +2009,7 @@ export const ScheduleServiceService = {
    * clock moved forward makes it due at once. A reminder stays due until
    * Dispatch or DeleteReminder ends it, across restarts.
    * Errors: as ListReminders.
+   * Roles: service and operator.
    */
   dueReminders: {
     path: "/fencepost.v1.ScheduleService/DueReminders" as const,
@@ -2019,6 +2031,7 @@ export const ScheduleServiceService = {
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
    * the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
    * `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   dispatch: {
     path: "/fencepost.v1.ScheduleService/Dispatch" as const,
@@ -2039,6 +2052,7 @@ export const ScheduleServiceService = {
    * `generation` is no longer current (stop working on the session).
    * Errors: the common ones (re-watch; a reminder not yet dispatched is
    * pushed again).
+   * Roles: service and operator.
    */
   watchDue: {
     path: "/fencepost.v1.ScheduleService/WatchDue" as const,
@@ -2065,6 +2079,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+   * Roles: service and operator.
    */
   createReminder: handleUnaryCall<CreateReminderRequest, CreateReminderResponse>;
   /**
@@ -2074,6 +2089,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
    * FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
    * ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   deleteReminder: handleUnaryCall<DeleteReminderRequest, DeleteReminderResponse>;
   /**
@@ -2082,6 +2098,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
+   * Roles: service and operator.
    */
   listReminders: handleUnaryCall<ListRemindersRequest, ListRemindersResponse>;
   /**
@@ -2090,6 +2107,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * clock moved forward makes it due at once. A reminder stays due until
    * Dispatch or DeleteReminder ends it, across restarts.
    * Errors: as ListReminders.
+   * Roles: service and operator.
    */
   dueReminders: handleUnaryCall<DueRemindersRequest, DueRemindersResponse>;
   /**
@@ -2102,6 +2120,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
    * the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
    * `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   dispatch: handleUnaryCall<DispatchRequest, DispatchResponse>;
   /**
@@ -2114,6 +2133,7 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * `generation` is no longer current (stop working on the session).
    * Errors: the common ones (re-watch; a reminder not yet dispatched is
    * pushed again).
+   * Roles: service and operator.
    */
   watchDue: handleServerStreamingCall<WatchDueRequest, WatchDueResponse>;
 }
@@ -2132,6 +2152,7 @@ export interface ScheduleServiceClient extends Client {
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
+   * Roles: service and operator.
    */
   createReminder(
     request: CreateReminderRequest,
@@ -2155,6 +2176,7 @@ export interface ScheduleServiceClient extends Client {
    * Errors: INVALID_ARGUMENT / REMINDER_INVALID (not a `rem_<n>` id);
    * FAILED_PRECONDITION / LEASE_FENCED (stop working on the session);
    * ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   deleteReminder(
     request: DeleteReminderRequest,
@@ -2177,6 +2199,7 @@ export interface ScheduleServiceClient extends Client {
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
+   * Roles: service and operator.
    */
   listReminders(
     request: ListRemindersRequest,
@@ -2199,6 +2222,7 @@ export interface ScheduleServiceClient extends Client {
    * clock moved forward makes it due at once. A reminder stays due until
    * Dispatch or DeleteReminder ends it, across restarts.
    * Errors: as ListReminders.
+   * Roles: service and operator.
    */
   dueReminders(
     request: DueRemindersRequest,
@@ -2225,6 +2249,7 @@ export interface ScheduleServiceClient extends Client {
    * Errors: FAILED_PRECONDITION / LEASE_FENCED (the caller no longer holds
    * the session: stop); INVALID_ARGUMENT / REMINDER_INVALID (not a
    * `rem_<n>` id); ABORTED / TXN_CONTENDED (retry); the common ones.
+   * Roles: service and operator.
    */
   dispatch(
     request: DispatchRequest,
@@ -2251,6 +2276,7 @@ export interface ScheduleServiceClient extends Client {
    * `generation` is no longer current (stop working on the session).
    * Errors: the common ones (re-watch; a reminder not yet dispatched is
    * pushed again).
+   * Roles: service and operator.
    */
   watchDue(request: WatchDueRequest, options?: Partial<CallOptions>): ClientReadableStream<WatchDueResponse>;
   watchDue(

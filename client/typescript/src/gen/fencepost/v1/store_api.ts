@@ -810,6 +810,7 @@ export const StoreApiServiceService = {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * Roles: service and operator.
    */
   call: {
     path: "/fencepost.v1.StoreApiService/Call" as const,
@@ -836,6 +837,7 @@ export interface StoreApiServiceServer extends UntypedServiceImplementation {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * Roles: service and operator.
    */
   call: handleUnaryCall<CallRequest, CallResponse>;
 }
@@ -854,6 +856,7 @@ export interface StoreApiServiceClient extends Client {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * Roles: service and operator.
    */
   call(request: CallRequest, callback: (error: ServiceError | null, response: CallResponse) => void): ClientUnaryCall;
   call(

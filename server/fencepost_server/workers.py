@@ -1,0 +1,253 @@
+"""How `fencepost serve` runs: one process, or `--workers N` processes sharing the port.
+
+One grpc.aio process tops out at one core: gRPC's per-call machinery runs on
+the event loop. Past that only more processes help, so with `--workers N` this
+module becomes a small supervisor that starts N worker processes, each a
+complete server with its own event loop, all bound to the same address with
+SO_REUSEPORT (the kernel spreads incoming connections over them).
+
+Workers share nothing in memory. They are replicas like DynamoDB replicas:
+- sqlite: one file shared by every worker (WAL; each worker group-commits its
+  own writes, BEGIN IMMEDIATE serialises the workers' transactions, and
+  version tokens are minted inside that transaction).
+- dynamodb: every worker is one more stateless replica.
+- memory://: refused, a worker's dict would be invisible to the others.
+
+The supervisor forwards SIGTERM / SIGINT (graceful drain in every worker) and
+SIGHUP (token reload in every worker), restarts a worker that dies (logged),
+and relays the workers' output. Workers die with the supervisor (a kill -9 of
+the supervisor takes the whole server down, as for one process). Each worker
+serves its own health and, with `--metrics-listen host:port`, its own
+`/metrics` on port + worker index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .config import Settings
+
+log = logging.getLogger("fencepost.workers")
+
+#: a worker that dies sooner than this after its start is restarted after a pause
+_RESTART_PAUSE = 1.0
+_PR_SET_PDEATHSIG = 1
+READY_LINE = b"fencepost serving on"
+
+
+def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
+    """Run `main` on uvloop when asked for and installed, else on asyncio."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            log.info("uvloop is not installed; running on asyncio")
+        else:
+            return int(uvloop.run(main))
+    return asyncio.run(main)
+
+
+def refusal(settings: Settings, workers: int) -> str | None:
+    """Why `workers` processes cannot serve these settings (None when they can)."""
+    if workers < 1:
+        return f"--workers must be at least 1 (got {workers})"
+    if workers > 1 and settings.backend_url().startswith("memory:"):
+        return ("--workers > 1 needs a shared backend (sqlite or dynamodb): "
+                "each worker of memory:// would hold its own separate data")
+    return None
+
+
+def serve(settings: Settings, *, create_table: bool, workers: int, tracing_line: str | None = None) -> int:
+    """`fencepost serve`: in this process, or as the supervisor of `workers`
+    processes (each configures tracing from the same environment)."""
+    from .cli import serve as serve_one
+
+    if workers == 1:
+        return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
+    return Supervisor(settings, workers, create_table).run()
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    started: float
+    pending: bytes = b""
+    ready: bool = False
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, workers: int, create_table: bool) -> None:
+        self.settings = settings
+        self.count = workers
+        self.create_table = create_table
+        self.workers: dict[int, _Worker] = {}
+        self.stopping = False
+        self._selector = selectors.DefaultSelector()
+        self._reserved: socket.socket | None = None
+
+    def run(self) -> int:
+        self.settings = replace(self.settings, listen=self._fixed_listen(), reuse_port=True)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+        try:
+            self._start(0)
+            if self.create_table:  # the first worker creates the table before the others open it
+                while self.workers and not self.workers[0].ready and not self.stopping:
+                    self._pump(0.2)
+                    self._reap()
+            for i in range(1, self.count):
+                if not self.stopping:
+                    self._start(i)
+            while self.workers:
+                self._pump(0.2)
+                self._reap()
+        finally:
+            for w in self.workers.values():
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+            if self._reserved is not None:
+                self._reserved.close()
+        return 0
+
+    def _fixed_listen(self) -> str:
+        """Port 0 means "any free port": pick one here so every worker binds the
+        same one (a socket bound with SO_REUSEPORT keeps it reserved)."""
+        host, _, port = self.settings.listen.rpartition(":")
+        if port != "0":
+            return self.settings.listen
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host.strip("[]"), 0))
+        self._reserved = sock
+        return f"{host}:{sock.getsockname()[1]}"
+
+    def _start(self, index: int) -> None:
+        # the table is created once, by the first worker
+        config = (replace(self.settings, metrics_listen=_metrics_listen(self.settings.metrics_listen, index)),
+                  self.create_table and index == 0, logging.getLogger().level, _json_logs())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fencepost_server.workers"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "FENCEPOST_WORKER": str(index)},
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(pickle.dumps(config))
+        proc.stdin.close()
+        os.set_blocking(proc.stdout.fileno(), False)
+        worker = _Worker(index, proc, time.monotonic())
+        self._selector.register(proc.stdout, selectors.EVENT_READ, worker)
+        self.workers[index] = worker
+        print(f"fencepost worker {index} started (pid {proc.pid})", flush=True)
+
+    def _pump(self, timeout: float) -> None:
+        """Relay the workers' output line by line (a worker's lines never interleave)."""
+        for key, _ in self._selector.select(timeout):
+            worker: _Worker = key.data
+            try:
+                chunk = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._selector.unregister(key.fileobj)
+                continue
+            *lines, worker.pending = (worker.pending + chunk).split(b"\n")
+            for line in lines:
+                worker.ready = worker.ready or line.startswith(READY_LINE)
+                sys.stdout.buffer.write(line + b"\n")
+            sys.stdout.flush()
+
+    def _reap(self) -> None:
+        for index, worker in list(self.workers.items()):
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(worker.proc.stdout)
+            del self.workers[index]
+            if self.stopping:
+                continue
+            log.warning("worker %d (pid %d) exited with code %s; restarting it", index, worker.proc.pid, code)
+            if time.monotonic() - worker.started < _RESTART_PAUSE:
+                time.sleep(_RESTART_PAUSE)  # crash loop: do not spin
+            self._start(index)
+
+    def _signal_all(self, sig: int) -> None:
+        for worker in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.send_signal(sig)
+
+    def _on_stop(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+        self._signal_all(signal.SIGTERM)
+
+    def _on_reload(self, signum: int, _frame: Any) -> None:
+        self._signal_all(signal.SIGHUP)
+
+
+def _metrics_listen(listen: str | None, index: int) -> str | None:
+    """Worker i serves /metrics on the given port + i (port 0: any free port)."""
+    if not listen:
+        return listen
+    host, _, port = listen.rpartition(":")
+    return listen if int(port) == 0 else f"{host}:{int(port) + index}"
+
+
+def _json_logs() -> bool:
+    from .observability import JsonFormatter
+
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this worker when the supervisor dies (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the supervisor died before we asked
+        os._exit(1)
+
+
+def _worker_main() -> int:
+    _die_with_parent()
+    settings, create_table, level, json_logs = pickle.loads(sys.stdin.buffer.read())
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        from .observability import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s %(levelname)s worker-{os.environ.get('FENCEPOST_WORKER', '?')} %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    from . import tracing
+    from .cli import serve as serve_one
+    from .startup import ConfigError, StartFailure
+
+    try:
+        tracing_line = tracing.configure_from_env()  # checked by the supervisor already
+        return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
+    except (ConfigError, StartFailure) as exc:  # logged; the supervisor restarts the worker
+        log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
+        return 3
+    finally:
+        tracing.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

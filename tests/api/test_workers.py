@@ -1,0 +1,149 @@
+"""`fencepost serve --workers N`: processes sharing the port and one SQLite
+file, a dead worker restarted, SIGHUP reaching every worker, metrics per
+worker, SIGTERM draining all of them, memory:// refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import fencepost
+from tests.api.security_support import write_tokens
+from tests.api.test_serve_process import free_port
+
+#: a channel of its own (its own TCP connection), so the kernel may hand it to any worker
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+CLIENTS = 8
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _wait_for(predicate, what: str, seconds: float = 180.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _start(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / "server.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}",
+             "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2", "--grace", "2", *extra],
+            stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    _wait_for(lambda: out.read_text().count("fencepost serving on") == 2, "two workers")
+    return proc, out
+
+
+def _clients(port: int, token: str | None = None) -> list[fencepost.Client]:
+    return [fencepost.Client(f"127.0.0.1:{port}", token=token, timeout=10, options=OWN_CONNECTION)
+            for _ in range(CLIENTS)]
+
+
+def test_two_workers_share_one_file_restart_a_dead_one_and_drain(tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    proc, out = _start(tmp_path, port, "--metrics-listen", f"127.0.0.1:{metrics}")
+    try:
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        clients = _clients(port)
+        versions = [c.put(f"k{i}.{n}", b"x") for n in range(20) for i, c in enumerate(clients)]
+        assert len(set(versions)) == len(versions), "two workers minted the same version"
+        # every acknowledged write is visible through every connection (any worker)
+        for c in clients:
+            for i in range(CLIENTS):
+                assert c.get(f"k{i}.19") is not None
+        # compare-and-set across workers: exactly one of two racing writers wins
+        base = clients[0].put("cas", b"0")
+        outcomes = [c.put_if_version("cas", b"1", base).applied for c in clients]
+        assert outcomes.count(True) == 1
+
+        scraped = [urllib.request.urlopen(f"http://127.0.0.1:{metrics + i}/metrics", timeout=10).read().decode()
+                   for i in range(2)]
+        served = sum(float(v) for text in scraped
+                     for v in re.findall(r'fencepost_rpcs_total\{code="OK",method="Kv/Put"\} (\S+)', text))
+        assert served >= len(versions)
+
+        os.kill(workers[0], signal.SIGKILL)
+        _wait_for(lambda: out.read_text().count("fencepost serving on") == 3, "the dead worker's replacement")
+        assert len(_children(proc.pid)) == 2 and workers[0] not in _children(proc.pid)
+        for c in clients:  # a client of the dead worker reconnects (the SDK retries reads)
+            assert c.get("k0.0") is not None
+        for c in clients:
+            c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert code == 0, stderr
+    assert re.search(rf"worker 0 \(pid {workers[0]}\) exited with code -9; restarting it", stderr)
+    assert out.read_text().count("fencepost stopped") == 2
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:])
+
+
+def test_sighup_reloads_tokens_in_every_worker(tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens.json", {"old-token": ("a", "service")})
+    port = free_port()
+    proc, _ = _start(tmp_path, port, "--tokens-file", str(tokens))
+    try:
+        write_tokens(tokens, {"new-token": ("a", "service")})
+        proc.send_signal(signal.SIGHUP)
+
+        def every_worker_reloaded() -> bool:
+            clients = _clients(port, token="new-token")
+            try:
+                for c in clients:
+                    c.get("anything")
+                return True
+            except fencepost.FencepostError:
+                return False
+            finally:
+                for c in clients:
+                    c.close()
+
+        _wait_for(every_worker_reloaded, "the new token to work on every connection", seconds=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("argv", [["--backend", "memory://", "--workers", "2"], ["--workers", "0"]])
+def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: list[str]) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
+         "--state-root", str(tmp_path), *argv],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2
+    assert "--workers" in res.stderr
+
+
+def test_uvloop_is_the_default_and_no_uvloop_turns_it_off() -> None:
+    from fencepost_server.cli import build_parser
+    from fencepost_server.workers import run_loop
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).uvloop is True
+    assert parse(["serve", "--uvloop"]).uvloop is True  # still accepted
+    assert parse(["serve", "--no-uvloop"]).uvloop is False
+    assert parse(["serve"]).workers == 1
+
+    async def on_uvloop() -> int:
+        import asyncio
+
+        return int(type(asyncio.get_running_loop()).__module__.startswith("uvloop"))
+
+    assert run_loop(on_uvloop(), use_uvloop=True) == 1
+    assert run_loop(on_uvloop(), use_uvloop=False) == 0
