@@ -71,6 +71,20 @@ async def test_commit_and_renew_retries(client: fencepost.AsyncClient) -> None:
     assert r1.generation == r2.generation == lease.generation
 
 
+async def test_a_commit_at_every_bound_over_the_wire(client: fencepost.AsyncClient) -> None:
+    sid = (await client.open_session("agent", "full")).session_id
+    lease = await client.acquire_lease(sid, "A", ttl=30)
+    ids = [(await client.deliver(b"e%d" % i, session_id=sid)).inbox_id for i in range(32)]
+    records = [b"r%d" % i for i in range(64)]
+    first = await client.commit(sid, lease.generation, 0, records, consume=ids, commit_id="full")
+    again = await client.commit(sid, lease.generation, 0, records, consume=ids, commit_id="full")
+    assert (first.seq, first.pending, again.seq, again.replayed) == (64, 0, 64, True)
+    [listed] = [s async for s in client.list_sessions("agent")]
+    assert (listed.session_id, listed.seq) == (sid, 64)
+    with pytest.raises(errors.CommitTooLarge):
+        await client.commit(sid, lease.generation, 64, [b"r"] * 65, commit_id="over")
+
+
 async def test_dedupe_through_the_server(client: fencepost.AsyncClient) -> None:
     a = await client.deliver(b"e", agent="agent", session_key="dd", dedupe_key="msg-1")
     b = await client.deliver(b"e", agent="agent", session_key="dd", dedupe_key="msg-1")

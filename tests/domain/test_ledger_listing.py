@@ -248,22 +248,6 @@ async def test_a_store_written_before_the_index_still_lists(storage: Storage) ->
     assert page[0].total_bytes == 150 and page[0].seq == 2 and page[0].session_key == "s2"
 
 
-async def test_a_commit_fits_its_activity_in_one_transaction(storage: Storage) -> None:
-    clock = FakeClock()
-    ledger = Ledger(storage, clock=clock)
-    (sid,) = await _populate(ledger, clock, 1)
-    ids = [(await ledger.deliver(T, session_id=sid, payload=b"e%d" % i)).inbox_id for i in range(31)]
-    g = (await ledger.get(T, sid)).lease.generation
-    with pytest.raises(DomainError) as too_many:
-        await ledger.commit(T, sid, g, 1, [b"r"] * 64, ids, commit_id="full")
-    assert too_many.value.reason == reasons.COMMIT_TOO_LARGE
-    done = await ledger.commit(T, sid, g, 1, [b"r"] * 64, ids[:30], commit_id="fits")
-    assert done.seq == 65 and done.pending == 1
-    clock.now += 1
-    page, _ = await ledger.list_sessions(T, A)
-    assert page[0].seq == 65 and page[0].total_bytes == 100 + 64
-
-
 async def test_deleting_a_session_removes_every_listing_entry(storage: Storage) -> None:
     clock = FakeClock()
     ledger = Ledger(storage, clock=clock)

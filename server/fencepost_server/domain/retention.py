@@ -123,9 +123,10 @@ class Retention:
         counts.agents_visited += 1
         c = self.config
         if c.idle_session_seconds > 0:
-            for sid in await self.ledger.idle_sessions(tenant, agent, now - c.idle_session_seconds):
+            before = now - c.idle_session_seconds
+            for sid in await self.ledger.idle_sessions(tenant, agent, before):
                 spent += 1
-                if await self._erase_idle(tenant, sid, now):
+                if await self._erase_idle(tenant, sid, now, before):
                     counts.sessions_erased += 1
                 else:
                     counts.sessions_waiting += 1
@@ -140,10 +141,14 @@ class Retention:
             spent += calls
         return spent
 
-    async def _erase_idle(self, tenant: str, sid: str, now: float) -> bool:
-        lease = await self.storage.get(self.ledger.keys(tenant, sid).lease)
+    async def _erase_idle(self, tenant: str, sid: str, now: float, before: float) -> bool:
+        sk = self.ledger.keys(tenant, sid)
+        lease = await self.storage.get(sk.lease)
         if lease is not None and LeaseState.decode(lease.value).live(now):
             return False  # held: not idle whatever its last commit says
+        act = await self.ledger.settled_activity(sk)
+        if act is not None and act.last_micros >= before * 1e6:
+            return False  # its index entry lagged a commit (now settled): not idle
         try:
             await self.ledger.delete_session(tenant, sid)
             return True

@@ -25,6 +25,21 @@ A listing that started at T0 sees each session at exactly one entry: the one
 with `u < T0 <= n` (n absent = current). Superseded entries are kept for the
 listing horizon so that a listing in progress still finds a session that
 moved after its first page.
+
+The one exception: a commit whose own operations leave no room for the three
+activity operations (64 records + 32 consumed ids + commit_id use 99 of the
+100) puts only act/{sid}, conditioned as above, and leaves the index where it
+was. That act/ value keeps the index's view (`u`, `s`, `b`, `p` unchanged) and
+records what the index owes in `w` = {s, b, u}: the seq, log bytes and time of
+the commit. Right after the commit applied, a second write settles it: the
+ordinary advance above from that value (conditioned on it), at a time after
+`w.u`, which clears `w`. Until then the session is listed once, at its
+previous entry (its previous activity, seq and size), never skipped nor twice;
+a listing in progress is not disturbed by the settling (the new entry lies
+above its T0, the old one stays valid for it). A crash or an outage between
+the two writes leaves `w` in act/; whoever reads act/ next settles it: the
+session's next commit (its advance starts from the owed seq and size),
+GetSession, a replayed commit, and retention before it judges the session idle.
 """
 
 from __future__ import annotations
@@ -32,9 +47,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from ...storage import Delete, Expect, Put, Write
+from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError, Write
 from ..errors import NotFound
-from .core import LedgerBase
+from .core import LedgerBase, log
 from .layout import Meta, SessionKeys, activity_micros, dumps
 
 #: Session keys longer than this stay out of the index (the listing reads meta).
@@ -54,14 +69,31 @@ class Activity:
     size: int | None  # None: not known yet (written before the index, or a fork)
     key: str | None  # None: not known yet, or too long to index
     kept: tuple[int, ...] = ()  # µs of superseded entries still in the index, oldest first
+    owed: tuple[int, int, int] | None = None  # (seq, size, µs) committed but not yet in the index
+
+    @property
+    def head_seq(self) -> int:
+        """The session's seq (the index may still show an older one: `owed`)."""
+        return self.owed[0] if self.owed else self.seq
+
+    @property
+    def head_size(self) -> int | None:
+        return self.owed[1] if self.owed else self.size
+
+    @property
+    def last_micros(self) -> int:
+        """The session's last activity (the index may still show an older one)."""
+        return self.owed[2] if self.owed else self.micros
 
     @staticmethod
     def decode(value: bytes) -> Activity:
         d = json.loads(value)
         size = d.get("b")
+        w = d.get("w")
         return Activity(
             activity_micros(d), int(d["s"]), None if size is None else int(size), d.get("k"),
             tuple(int(u) for u in d.get("p", ())),
+            None if w is None else (int(w["s"]), int(w["b"]), int(w["u"])),
         )
 
     def act_value(self) -> bytes:
@@ -72,6 +104,8 @@ class Activity:
             d["k"] = self.key
         if self.kept:
             d["p"] = list(self.kept)
+        if self.owed:
+            d["w"] = {"s": self.owed[0], "b": self.owed[1], "u": self.owed[2]}
         return dumps(d)
 
     def entry_value(self, superseded_at: int | None = None) -> bytes:
@@ -109,7 +143,7 @@ class ActivityMethods(LedgerBase):
         size or key yet) are completed here, once."""
         value = self._acts.get(sk.act)
         act = Activity.decode(value) if isinstance(value, bytes) else None
-        if act is None or act.seq != expected_seq:
+        if act is None or act.head_seq != expected_seq:
             item = await self.storage.get(sk.act)
             if item is None:
                 return None
@@ -133,16 +167,18 @@ class ActivityMethods(LedgerBase):
         self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int, room: int
     ) -> tuple[list[Write], bytes]:
         """The writes that move the session's activity to now (see the module
-        docstring), deleting at most `room` expired entries; and the new act/ value."""
+        docstring), deleting at most `room` expired entries; and the new act/ value.
+        From a value that owes the index a commit, the move starts from the
+        owed seq and size and lands after the owed time."""
         now = int(self.clock() * 1e6)
-        micros = max(now, old.micros + 1)
+        micros = max(now, old.last_micros + 1)
         horizon = now - int(self.config.listing_horizon * 1e6)
         kept = [*old.kept, old.micros]
         successors = kept[1:] + [micros]
         expired = {u for u, n in zip(kept, successors, strict=True) if n <= horizon}
         overflow = set(kept[: max(0, len(kept) - MAX_KEPT)])
         dropped = [u for u in kept if u in expired or u in overflow][:room]
-        new = Activity(micros, seq, (old.size or 0) + added_bytes, old.key,
+        new = Activity(micros, seq, (old.head_size or 0) + added_bytes, old.key,
                        tuple(u for u in kept if u not in dropped))
         writes: list[Write] = [
             Put(sk.act, new.act_value(), Expect(value=old_value)),
@@ -152,3 +188,45 @@ class ActivityMethods(LedgerBase):
             writes.append(Put(sk.index_key(old.micros), old.entry_value(micros)))
         writes += [Delete(sk.index_key(u)) for u in dropped]
         return writes, new.act_value()
+
+    def deferred_writes(
+        self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int
+    ) -> tuple[list[Write], bytes]:
+        """The one write of a commit with no room for the index: act/ keeps the
+        index's view and owes it the commit (`w`, module docstring)."""
+        micros = max(int(self.clock() * 1e6), old.last_micros + 1)
+        new = replace(old, owed=(seq, (old.head_size or 0) + added_bytes, micros))
+        return [Put(sk.act, new.act_value(), Expect(value=old_value))], new.act_value()
+
+    async def settle_index(self, sk: SessionKeys, value: bytes) -> bytes:
+        """Write the index entries act/ `value` owes (conditioned on act/ still
+        holding it: a writer that moved it on has settled them itself); the
+        act/ value now current, as far as this process knows."""
+        act = Activity.decode(value)
+        if act.owed is None:
+            return value
+        writes, new_value = self.advance_writes(sk, value, act, act.owed[0], 0, MAX_TXN_OPS - ACTIVITY_OPS)
+        res = await self.storage.transact((), writes)
+        if not res.applied:
+            self.remember_activity(sk, None)
+            return value
+        self.remember_activity(sk, new_value)
+        return new_value
+
+    async def settle_quietly(self, sk: SessionKeys, value: bytes) -> bytes:
+        """`settle_index`, best effort: an outage leaves the entries owed in
+        act/ for the next reader (the caller's own write has applied)."""
+        try:
+            return await self.settle_index(sk, value)
+        except StorageError:
+            self.remember_activity(sk, None)
+            log.warning("activity index not settled for %s; the next reader does", sk.sid, exc_info=True)
+            return value
+
+    async def settled_activity(self, sk: SessionKeys) -> Activity | None:
+        """The session's act/ item read now, its owed index entries written
+        first if any (None: the session has none)."""
+        item = await self.storage.get(sk.act)
+        if item is None:
+            return None
+        return Activity.decode(await self.settle_quietly(sk, item.value))

@@ -8,9 +8,15 @@
     put    act/{sid}              if act == the value it replaces
     put    ix/{now}/{sid}, ix/{previous}/{sid} (superseded)   (restore listing, activity.py)
 
-That is 2 + records + consumed + 1 + 3 operations; the transaction limit
-(100) leaves room for 94 records and consumed ids together (each at most
-64 / 32). The pending count the response carries comes back with the same
+That is 2 + records + consumed + 1 + 3 operations against the transaction
+limit of 100. Every commit the bounds allow (64 records, 32 consumed ids, a
+commit_id: 99 operations before the activity) is accepted: when the two index
+puts do not fit, the transaction carries only act/{sid} (still conditioned, so
+the fence, the sequence and the idempotency are unchanged) marked as owing
+the index this commit, and a second write right after it applied puts the
+index entries (activity.py explains the exception and who settles it after
+a crash between the two). Extra room deletes expired superseded entries.
+The pending count the response carries comes back with the same
 backend call (`CountKeys`; on DynamoDB a keys-only Query sent alongside).
 Nothing is read before the write (the replaced act/ value is the one this
 process wrote last; a process that has not seen the session reads it once);
@@ -20,6 +26,7 @@ only because the remembered act/ value was stale is retried from a fresh read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -53,11 +60,6 @@ def _fingerprint(expected_seq: int, records: Sequence[bytes], consume: Sequence[
     for c in consume:
         h.update(b"\x00" + c.encode())
     return h.hexdigest()
-
-
-#: Records, consumed ids and the commit marker together: what the
-#: transaction limit leaves after the fence check, the head and the activity.
-MAX_RECORDS_AND_CONSUMED = MAX_TXN_OPS - 2 - ACTIVITY_OPS
 
 #: A commit whose remembered act/ value went stale is retried this often.
 _ATTEMPTS = 3
@@ -100,16 +102,6 @@ class CommitMethods(ActivityMethods):
         if len(commit_id) > 256:
             raise bad("commit_id", "commit_id is longer than 256 characters")
 
-        with_id = 1 if commit_id else 0
-        if len(records) + len(consume) + with_id > MAX_RECORDS_AND_CONSUMED:
-            raise InvalidArgument(
-                reasons.COMMIT_TOO_LARGE,
-                f"a commit holds at most {MAX_RECORDS_AND_CONSUMED - with_id} records and consumed ids "
-                f"together (got {len(records)} + {len(consume)})",
-                {"records": len(records), "consumed": len(consume),
-                 "max_records_and_consumed": MAX_RECORDS_AND_CONSUMED - with_id},
-            )
-
         sk = self.keys(tenant, sid)
         new_seq = expected_seq + len(records)
         fp = _fingerprint(expected_seq, records, consume)
@@ -124,12 +116,15 @@ class CommitMethods(ActivityMethods):
             marker = dumps({"s": new_seq, "f": fp, "t": int(self.clock())})
             writes.append(Put(sk.commit_key(commit_id), marker, Expect(exists=False)))
         added = sum(len(r) for r in records)
+        room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
         for _attempt in range(_ATTEMPTS):
             prior = await self.prior_activity(tenant, sk, expected_seq)
             if prior is None:  # the session is gone: the write fails and _why says how
                 ops, new_act, conds = writes, None, [*checks, Check(sk.act, Expect(exists=True))]
+            elif room < 0:  # no room for the index entries: they follow the commit
+                activity, new_act = self.deferred_writes(sk, *prior, new_seq, added)
+                ops, conds = [*writes, *activity], checks
             else:
-                room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
                 activity, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
                 ops, conds = [*writes, *activity], checks
             size = sum(len(op.key.encode()) for op in (*conds, *ops))
@@ -146,6 +141,8 @@ class CommitMethods(ActivityMethods):
                 raise
             if res.applied:
                 self.remember_activity(sk, new_act)
+                if room < 0 and new_act is not None:  # the second write (activity.py)
+                    await self.settle_quietly(sk, new_act)
                 self.notify_commit(sid)
                 pending = res.count if res.count is not None else await self.pending_after_write(
                     sk, PENDING_COUNT_CAP)
@@ -153,6 +150,9 @@ class CommitMethods(ActivityMethods):
             self.remember_activity(sk, None)
             why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
             if isinstance(why, CommitReplay):
+                if room < 0:  # the first attempt may have stopped between its two writes
+                    with contextlib.suppress(StorageError):  # best effort: the replay stands
+                        await self.settled_activity(sk)
                 return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)
             if why is not None:
                 raise why

@@ -46,7 +46,7 @@ class ForkMethods(ListingMethods):
             meta = Meta(sid, agent, child_key, self.clock(), parent_sid, at_seq, {})
             # The child's log bytes are the parent's at at_seq: known when the fork is at the head.
             parent_act = Activity.decode(act_i.value) if act_i is not None else None
-            size = parent_act.size if parent_act is not None and parent_act.seq == at_seq else None
+            size = parent_act.head_size if parent_act is not None and parent_act.head_seq == at_seq else None
             created, act = self._create_writes(sk, meta, idkey, at_seq, size)
             # the parent must still exist (a DeleteSession tombstone removes its head),
             # and its forks marker moves, so a delete deciding meanwhile sees this fork

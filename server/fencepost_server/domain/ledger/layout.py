@@ -3,7 +3,7 @@
 Per session (`{A}` = `{tenant}/sys/agentkit/v1/{agent}/durable-session/`):
 
     {A}id/{encoded session_key}     identity: the session id (put-if-absent)
-    {A}act/{sid}                    current activity {t, u, s, b, k, p} (see activity.py)
+    {A}act/{sid}                    current activity {t, u, s, b, k, p, w} (see activity.py)
     {A}ix/{17-digit inverted µs}/{sid}  activity index: ListSessions reads it newest first
     {A}ix-ready                     the agent's legacy act/ items have index entries
     {A}s/{sid}/meta                 immutable: key, agent, created, fork parent, seed_length

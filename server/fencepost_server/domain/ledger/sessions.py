@@ -192,10 +192,15 @@ class SessionMethods(ActivityMethods):
         if meta_i is None or head_i is None or lease_i is None:
             raise session_not_found(sid)
         self.remember_lease(sk.lease, lease_i)
+        meta = Meta.decode(meta_i.value)
+        activity = meta.created
         if act_i is not None:
             self.remember_activity(sk, act_i.value)
-        meta = Meta.decode(meta_i.value)
-        activity = json.loads(act_i.value)["t"] if act_i is not None else meta.created
+            act = Activity.decode(act_i.value)
+            activity = json.loads(act_i.value)["t"]
+            if act.owed is not None:  # a commit's index entries still owed (activity.py)
+                activity = act.last_micros / 1e6
+                await self.settle_quietly(sk, act_i.value)
         return self._view(meta, parse_seq(head_i.value), LeaseState.decode(lease_i.value), pending, activity)
 
     # -- sizes ----------------------------------------------------------------------

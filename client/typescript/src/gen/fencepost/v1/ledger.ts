@@ -4730,16 +4730,20 @@ export const LedgerServiceService = {
    * Commit appends records at expected_seq + 1..., removes the consumed inbox
    * entries and advances the head in one atomic write fenced on generation
    * and expected_seq. A retry with the same commit_id returns the first
-   * result and applies nothing twice.
+   * result and applies nothing twice. A commit at the bounds (64 records,
+   * 32 consumed ids and a commit_id) is accepted too; its session's
+   * ListSessions entry moves in a second write right after the commit (until
+   * then, or after a crash until the session's next commit, GetSession or
+   * retention pass, ListSessions shows the session once at its previous
+   * activity).
    * Errors: LEASE_FENCED (stop: final); FAILED_PRECONDITION /
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
-   * 95 records + consumed ids + commit_id together, or 4 MiB; metadata
-   * `limit`, `size` and a BadRequest field violation naming `records` or
-   * `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a record over
-   * 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
+   * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
@@ -4958,16 +4962,20 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * Commit appends records at expected_seq + 1..., removes the consumed inbox
    * entries and advances the head in one atomic write fenced on generation
    * and expected_seq. A retry with the same commit_id returns the first
-   * result and applies nothing twice.
+   * result and applies nothing twice. A commit at the bounds (64 records,
+   * 32 consumed ids and a commit_id) is accepted too; its session's
+   * ListSessions entry moves in a second write right after the commit (until
+   * then, or after a crash until the session's next commit, GetSession or
+   * retention pass, ListSessions shows the session once at its previous
+   * activity).
    * Errors: LEASE_FENCED (stop: final); FAILED_PRECONDITION /
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
-   * 95 records + consumed ids + commit_id together, or 4 MiB; metadata
-   * `limit`, `size` and a BadRequest field violation naming `records` or
-   * `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a record over
-   * 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
+   * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
@@ -5238,16 +5246,20 @@ export interface LedgerServiceClient extends Client {
    * Commit appends records at expected_seq + 1..., removes the consumed inbox
    * entries and advances the head in one atomic write fenced on generation
    * and expected_seq. A retry with the same commit_id returns the first
-   * result and applies nothing twice.
+   * result and applies nothing twice. A commit at the bounds (64 records,
+   * 32 consumed ids and a commit_id) is accepted too; its session's
+   * ListSessions entry moves in a second write right after the commit (until
+   * then, or after a crash until the session's next commit, GetSession or
+   * retention pass, ListSessions shows the session once at its previous
+   * activity).
    * Errors: LEASE_FENCED (stop: final); FAILED_PRECONDITION /
    * SEQUENCE_MISMATCH (metadata `expected_seq`, `current_seq`: re-read the
    * log, rebuild the turn); FAILED_PRECONDITION / INBOX_ENTRY_GONE (metadata
    * `inbox_ids`: nothing was written; list the inbox again);
-   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, 32 consumed ids,
-   * 95 records + consumed ids + commit_id together, or 4 MiB; metadata
-   * `limit`, `size` and a BadRequest field violation naming `records` or
-   * `consume_inbox_ids`; split the commit), RECORD_TOO_LARGE (a record over
-   * 256 KiB);
+   * INVALID_ARGUMENT / COMMIT_TOO_LARGE (over 64 records, over 32 consumed
+   * ids, or over 4 MiB; metadata `limit`, `size` and a BadRequest field
+   * violation naming `records` or `consume_inbox_ids`; split the commit),
+   * RECORD_TOO_LARGE (a record over 256 KiB);
    * ABORTED / TXN_CONTENDED (the session's activity kept changing under the
    * write, from concurrent empty commits; retry with the same commit_id);
    * SESSION_NOT_FOUND; the common ones.
