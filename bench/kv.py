@@ -293,6 +293,8 @@ async def _calls_on(report: Reporter, backend: str, counting: CountingStorage) -
             for i in range(30):
                 await kv.Put(kv_pb2.PutRequest(key=f"list/{i:02d}", value=b"x"))
             version = (await kv.Get(kv_pb2.GetRequest(key="seed"))).version
+            # steady state: the first page token of a process fetches the deployment's token key once
+            await kv.List(kv_pb2.ListRequest(prefix="list/", page_size=10))
             calls: dict[str, Callable[[], Awaitable[Any]]] = {
                 "Get": lambda: kv.Get(kv_pb2.GetRequest(key="seed")),
                 "GetWithVersion": lambda: kv.GetWithVersion(kv_pb2.GetWithVersionRequest(key="seed")),
