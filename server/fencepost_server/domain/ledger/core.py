@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from fencepost import reasons
 
-from ...storage import Item, Storage, StorageError
+from ...storage import Check, Delete, Expect, Item, Storage, StorageError, Write
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
 from ..paging import PageTokens
@@ -187,6 +187,25 @@ class LedgerBase:
                 break
             start = keys[-1]
         return count
+
+    async def prove_inbox_empty(
+        self, sk: SessionKeys, entry: Item | None, checks: list[Check], writes: list[Write], remedy: str
+    ) -> None:
+        """Make a write that needs an empty inbox (ReleaseLease, DeleteSession
+        without force) carry its proof: the session's pending-index entry, read
+        *before* the inbox is listed, is checked absent or deleted at that
+        version, so a Deliver that parks after the read fails the write
+        (docs/ledger.md, "Release vs Deliver"). INBOX_NOT_EMPTY when events wait."""
+        if entry is None:
+            checks.append(Check(sk.pending, Expect(exists=False)))
+            return
+        pending = await self.count_inbox(sk)
+        if pending:
+            raise FailedPrecondition(
+                reasons.INBOX_NOT_EMPTY, f"{pending} event(s) are pending: {remedy}",
+                {"pending": pending, "session_id": sk.sid},
+            )
+        writes.append(Delete(sk.pending, Expect(version=entry.version)))
 
     async def pending_after_write(self, sk: SessionKeys, cap: int) -> int:
         """The pending count after a write that applied but whose count did not

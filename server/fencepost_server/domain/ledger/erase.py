@@ -119,19 +119,8 @@ class EraseMethods(SessionMethods):
             writes += await self.listing_deletes(sk)
             if force:
                 writes.append(Delete(sk.pending))
-            elif pending_i is None:
-                checks.append(Check(sk.pending, Expect(exists=False)))
             else:
-                # as ReleaseLease: the entry is read before the inbox is listed, and the
-                # tombstone deletes it at that version, so a park since fails the tombstone
-                pending = await self.count_inbox(sk)
-                if pending:
-                    raise FailedPrecondition(
-                        reasons.INBOX_NOT_EMPTY,
-                        f"{pending} event(s) are pending: drain them, or delete with force",
-                        {"pending": pending, "session_id": sk.sid},
-                    )
-                writes.append(Delete(sk.pending, Expect(version=pending_i.version)))
+                await self.prove_inbox_empty(sk, pending_i, checks, writes, "drain them, or delete with force")
             res = await self.storage.transact(checks, writes)
             if res.applied:
                 self._identities.drop(identity_key(sk.tenant, sk.agent, meta.key))

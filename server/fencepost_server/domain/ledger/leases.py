@@ -3,10 +3,7 @@ generation item), all in one conditional write each."""
 
 from __future__ import annotations
 
-from fencepost import reasons
-
-from ...storage import Check, CountKeys, Delete, Expect, Item, Put
-from ..errors import FailedPrecondition
+from ...storage import Check, CountKeys, Expect, Item, Put, Write
 from .core import INBOX_COUNT_CAP, LedgerBase, bad, contended, lease_fenced, lease_held
 from .layout import LeaseState, SessionKeys, gen_value, is_erased, parse_gen, session_not_found
 
@@ -104,23 +101,13 @@ class LeaseMethods(LedgerBase):
         sk = self.keys(tenant, sid)
         for _ in range(_ATTEMPTS):
             checks: list[Check] = []
-            writes: list[Put | Delete] = [
+            writes: list[Write] = [
                 Put(sk.gen, gen_value(generation, False), Expect(value=gen_value(generation, True))),
                 Put(sk.lease, LeaseState("", generation, self.clock(), True).encode()),
             ]
             if not force:
-                marker = await self.storage.get(sk.pending)
-                if marker is None:
-                    checks.append(Check(sk.pending, Expect(exists=False)))
-                else:
-                    pending = await self.count_inbox(sk)
-                    if pending:
-                        raise FailedPrecondition(
-                            reasons.INBOX_NOT_EMPTY,
-                            f"{pending} event(s) are pending: commit them, then release",
-                            {"pending": pending, "session_id": sid},
-                        )
-                    writes.append(Delete(sk.pending, Expect(version=marker.version)))
+                entry = await self.storage.get(sk.pending)
+                await self.prove_inbox_empty(sk, entry, checks, writes, "commit them, then release")
             res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, INBOX_COUNT_CAP) if force else None)
             self.remember_lease(sk.lease, None)
             if res.applied:
