@@ -1,0 +1,169 @@
+"""The SQL of the SQLite backend: schema, connections, and the statements every
+operation runs (plain functions of a connection, run by whichever side owns
+that connection: the event loop or a thread)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..base import CountKeys, Delete, Item, Marker, Put, TxnResult, Write, Check, prefix_end
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+  key BLOB PRIMARY KEY,
+  value BLOB NOT NULL,
+  version TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (name, n) VALUES ('version', 0);
+"""
+
+# Request-id markers kept with the item their request wrote (Marker in
+# storage/base.py): two nullable columns, a partial index to find a marker by
+# its key (a request id reused for another key is still recognised), and
+# triggers that move a marker out to its own row (at its key, the version
+# derived from the item's unique version) whenever its item is overwritten or
+# deleted, on every write path. (Clearing the marker columns alone moves
+# nothing: that is how erasure forgets them.)
+_MARKER_COLUMNS = ("marker_key", "marker_value")
+_MARKER_TRIGGERS = """
+CREATE INDEX IF NOT EXISTS kv_marker ON kv (marker_key) WHERE marker_key IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_write AFTER UPDATE OF value, version ON kv
+WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+CREATE TRIGGER IF NOT EXISTS kv_marker_out_on_delete AFTER DELETE ON kv WHEN OLD.marker_key IS NOT NULL
+BEGIN
+  INSERT OR IGNORE INTO kv (key, value, version) VALUES (OLD.marker_key, OLD.marker_value, 'm' || OLD.version);
+END;
+"""
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(_SCHEMA)
+    present = {row[1] for row in conn.execute("PRAGMA table_info(kv)")}
+    for column in _MARKER_COLUMNS:
+        if column not in present:
+            try:
+                conn.execute(f"ALTER TABLE kv ADD COLUMN {column} BLOB")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+    conn.executescript(_MARKER_TRIGGERS)
+
+
+def connect(path: str, synchronous: str, busy_ms: int = 30000) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+    return conn
+
+
+def bounds(prefix: str, start_after: str | None) -> tuple[str, list[Any]]:
+    """WHERE clause for keys under `prefix` after `start_after` (byte order)."""
+    clauses, args = [], []
+    low = prefix.encode()
+    if start_after is not None and start_after >= prefix:
+        clauses.append("key > ?")
+        args.append(start_after.encode())
+    else:
+        clauses.append("key >= ?")
+        args.append(low)
+    end = prefix_end(prefix)
+    if end is not None:
+        clauses.append("key < ?")
+        args.append(end.encode())
+    return " AND ".join(clauses), args
+
+
+def count_keys(conn: sqlite3.Connection, count: CountKeys) -> int:
+    where, args = bounds(count.prefix, None)
+    (n,) = conn.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM kv WHERE {where} LIMIT ?)", (*args, count.limit)).fetchone()
+    return int(n)
+
+
+def read_item(conn: sqlite3.Connection, key: str) -> Item | None:
+    # fetchall: the statement runs to its end, so no read transaction stays open
+    rows = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key.encode(),)).fetchall()
+    return Item(key, rows[0][0], rows[0][1]) if rows else None
+
+
+UPSERT = (
+    "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+    "marker_key = excluded.marker_key, marker_value = excluded.marker_value"
+)
+
+
+def write_item(conn: sqlite3.Connection, key: str, value: bytes, version: str, marker: Marker | None = None) -> None:
+    kept = (marker.key.encode(), marker.value) if marker else (None, None)
+    conn.execute(UPSERT, (key.encode(), value, version, *kept))
+
+
+def read_items(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Item]:
+    """The items present at `keys`, read with one statement."""
+    if len(keys) == 1:
+        item = read_item(conn, keys[0])
+        return {item.key: item} if item else {}
+    marks = ", ".join("?" * len(keys))
+    rows = conn.execute(f"SELECT key, value, version FROM kv WHERE key IN ({marks})", [k.encode() for k in keys])
+    return {k.decode(): Item(k.decode(), v, ver) for k, v, ver in rows.fetchall()}
+
+
+def apply_transaction(
+    conn: sqlite3.Connection, version: Callable[[], str], checks: Sequence[Check], writes: Sequence[Write],
+    count: CountKeys | None = None, marker: Marker | None = None, *, dry: bool = False,
+) -> TxnResult:
+    """One transaction's conditions and writes inside the writer's transaction
+    (`dry`: evaluate the conditions only). `marker` goes with its item's Put.
+    The conditions are read with one statement and the writes made with one
+    per kind (keys are distinct), whatever their number: fewer round trips
+    into SQLite, each of which hands the GIL over."""
+    conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
+    conditioned = [key for key, expect in conditions if expect is not None]
+    current = read_items(conn, conditioned) if conditioned else {}
+    failed = tuple(
+        i for i, (key, expect) in enumerate(conditions)
+        if expect is not None and not expect.holds(current.get(key))
+    )
+    if failed or dry:
+        return TxnResult(False, failed=failed, found={i: current.get(conditions[i][0]) for i in failed})
+    versions: list[str | None] = []
+    rows: list[tuple[Any, ...]] = []
+    erased: list[tuple[bytes]] = []
+    for w in writes:
+        if isinstance(w, Put):
+            v = w.version or version()
+            kept = marker if marker is not None and w.key == marker.item else None
+            rows.append((w.key.encode(), w.value, v, *((kept.key.encode(), kept.value) if kept else (None, None))))
+            versions.append(v)
+        else:
+            assert isinstance(w, Delete)
+            erased.append((w.key.encode(),))
+            versions.append(None)
+    if rows:
+        conn.executemany(UPSERT, rows)
+    if erased:
+        conn.executemany("DELETE FROM kv WHERE key = ?", erased)
+    return TxnResult(True, tuple(versions), count=None if count is None else count_keys(conn, count))
+
+
+def stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
+    """The value of `marker` if it is stored (either window): as its own row
+    or kept with an item."""
+    keys = (marker.key.encode(), marker.previous.encode())
+    rows = conn.execute(
+        "SELECT value FROM kv WHERE key IN (?, ?) "
+        "UNION ALL SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys + keys,
+    ).fetchall()
+    return bytes(rows[0][0]) if rows else None
+
+
+def erase(conn: sqlite3.Connection, key: str) -> bool:
+    return conn.execute("DELETE FROM kv WHERE key = ?", (key.encode(),)).rowcount > 0
+
+
