@@ -24,7 +24,6 @@ older tokens stay reserved across a move.
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -62,10 +61,6 @@ _COUNTER_FAMILY = "16"
 _LOOP_BUSY_MS = 20
 
 
-#: run the COMMIT (its fsync) on the event loop instead of the commit thread
-_COMMIT_ON_LOOP = os.environ.get("FENCEPOST_SQLITE_COMMIT_ON_LOOP") == "1"
-
-
 def _reserve(conn: sqlite3.Connection, counter: int) -> None:
     """Raise this file's counter watermark past `counter` (inside the batch's transaction)."""
     conn.execute("UPDATE meta SET n = MAX(n, ?) WHERE name = 'version'", (counter,))
@@ -79,8 +74,7 @@ class SqliteStorage(Storage):
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._writer = GroupCommit(self.path, synchronous, version=new_version,
-                                       commit_on_loop=_COMMIT_ON_LOOP)
+            self._writer = GroupCommit(self.path, synchronous, version=new_version)
             self._reader_conn = connect(self.path, synchronous)
             self._reader = WaitingThread("fencepost-sqlite-reader")
             self._loop_conn = connect(self.path, synchronous, busy_ms=_LOOP_BUSY_MS)

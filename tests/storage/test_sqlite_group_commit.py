@@ -1,0 +1,158 @@
+"""The SQLite writer's group commit (storage/sqlite/writer.py): what a batch
+guarantees when one of its writes fails, when the whole transaction is rolled
+back, when another process holds the write lock, and when the store is used
+from one event loop after another."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencepost_server.storage import BackendUnavailable
+from fencepost_server.storage.sqlite import SqliteStorage
+
+Op = Callable[[sqlite3.Connection, Callable[[], str]], Any]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStorage]:
+    storage = SqliteStorage(tmp_path / "w.db", synchronous="NORMAL")
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+def _submit(storage: SqliteStorage, op: Op, savepoint: bool) -> asyncio.Future[Any]:
+    return storage._writer.submit(op, savepoint)
+
+
+def _put(key: str) -> Op:
+    def op(conn: sqlite3.Connection, version: Callable[[], str]) -> str:
+        v = version()
+        conn.execute("INSERT INTO kv (key, value, version) VALUES (?, ?, ?)", (key.encode(), b"v", v))
+        return v
+    return op
+
+
+async def test_one_failing_write_leaves_the_rest_of_its_batch_applied(store: SqliteStorage) -> None:
+    def half_then_fail(conn: sqlite3.Connection, version: Callable[[], str]) -> None:
+        _put("half")(conn, version)
+        raise ValueError("refused half way")
+
+    first = _submit(store, _put("a"), savepoint=False)
+    bad = _submit(store, half_then_fail, savepoint=True)
+    last = _submit(store, _put("b"), savepoint=False)
+    results = await asyncio.gather(first, bad, last, return_exceptions=True)
+
+    assert isinstance(results[1], ValueError)
+    assert (await store.get("a")) is not None and (await store.get("b")) is not None
+    assert await store.get("half") is None  # its savepoint was rolled back
+
+
+async def test_a_statement_error_without_a_savepoint_fails_only_that_write(store: SqliteStorage) -> None:
+    await store.put("taken", b"1")
+    ok_before = _submit(store, _put("c"), savepoint=False)
+    clash = _submit(store, _put("taken"), savepoint=False)  # primary key clash: the statement is undone
+    ok_after = _submit(store, _put("d"), savepoint=False)
+    results = await asyncio.gather(ok_before, clash, ok_after, return_exceptions=True)
+
+    assert isinstance(results[1], BackendUnavailable)
+    assert isinstance(results[0], str) and isinstance(results[2], str)
+    assert (await store.get("c")) is not None and (await store.get("d")) is not None
+
+
+async def test_a_rolled_back_transaction_fails_the_whole_batch(store: SqliteStorage) -> None:
+    def lose_the_transaction(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
+        conn.execute("ROLLBACK")  # as SQLite does on disk full or an I/O error
+        raise sqlite3.OperationalError("disk I/O error")
+
+    batch = [
+        _submit(store, _put("x"), savepoint=False),
+        _submit(store, lose_the_transaction, savepoint=False),
+        _submit(store, _put("y"), savepoint=False),
+    ]
+    results = await asyncio.gather(*batch, return_exceptions=True)
+
+    assert all(isinstance(r, BackendUnavailable) for r in results)
+    assert await store.get("x") is None and await store.get("y") is None
+    await store.put("after", b"1")  # the writer carries on with the next batch
+    assert (await store.get("after")) is not None
+
+
+async def test_writes_wait_for_another_writer_without_blocking_the_loop(store: SqliteStorage) -> None:
+    other = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # as another `--workers` process's writer would
+        pending = asyncio.ensure_future(store.put("k", b"v"))
+        for _ in range(20):  # the loop keeps serving reads meanwhile
+            await asyncio.sleep(0.005)
+            assert await store.get("other") is None
+        assert not pending.done()
+        other.execute("INSERT INTO kv (key, value, version) VALUES (?, ?, ?)", (b"other", b"o", "v0"))
+        other.execute("COMMIT")
+        version = await pending
+    finally:
+        other.close()
+    item = await store.get("k")
+    assert item is not None and item.version == version
+    assert (await store.get("other")) is not None
+
+
+async def test_close_answers_every_write_submitted_before_it(tmp_path: Path) -> None:
+    storage = SqliteStorage(tmp_path / "c.db", synchronous="NORMAL")
+    writes = [asyncio.ensure_future(storage.put(f"k{i}", b"v")) for i in range(50)]
+    await asyncio.sleep(0)  # every put has been submitted
+    await storage.close()
+    versions = await asyncio.gather(*writes)
+    reopened = SqliteStorage(tmp_path / "c.db", synchronous="NORMAL")
+    try:
+        for i, version in enumerate(versions):
+            item = await reopened.get(f"k{i}")
+            assert item is not None and item.version == version
+    finally:
+        await reopened.close()
+
+
+def test_one_event_loop_after_another_may_write(tmp_path: Path) -> None:
+    storage = SqliteStorage(tmp_path / "l.db", synchronous="NORMAL")
+    first = asyncio.run(storage.put("a", b"1"))
+    second = asyncio.run(storage.put("b", b"2"))
+
+    async def read_and_close() -> tuple[Any, Any]:
+        try:
+            return await storage.get("a"), await storage.get("b")
+        finally:
+            await storage.close()
+
+    a, b = asyncio.run(read_and_close())
+    assert a.version == first and b.version == second
+
+
+def test_writing_from_two_running_loops_at_once_is_refused(tmp_path: Path) -> None:
+    storage = SqliteStorage(tmp_path / "t.db", synchronous="NORMAL")
+    other = sqlite3.connect(storage.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # keeps the owning loop's write in flight
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        owned = asyncio.run_coroutine_threadsafe(storage.put("a", b"1"), loop)
+        while not storage._writer._busy:
+            threading.Event().wait(0.001)
+        with pytest.raises(BackendUnavailable):
+            asyncio.run(storage.put("b", b"2"))
+        other.execute("COMMIT")
+        assert owned.result(10)
+        asyncio.run_coroutine_threadsafe(storage.close(), loop).result(10)
+    finally:
+        other.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
