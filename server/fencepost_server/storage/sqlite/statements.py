@@ -97,6 +97,9 @@ UPSERT = (
     "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
     "marker_key = excluded.marker_key, marker_value = excluded.marker_value"
 )
+#: for a row the transaction's own conditions found absent: no conflict to handle (and, with the
+#: marker triggers on the table, measurably cheaper than the upsert: ~20% of a fenced commit's writes)
+INSERT = "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, ?, ?)"
 
 
 def write_item(conn: sqlite3.Connection, key: str, value: bytes, version: str, marker: Marker | None = None) -> None:
@@ -121,8 +124,9 @@ def apply_transaction(
     """One transaction's conditions and writes inside the writer's transaction
     (`dry`: evaluate the conditions only). `marker` goes with its item's Put.
     The conditions are read with one statement and the writes made with one
-    per kind (keys are distinct), whatever their number: fewer round trips
-    into SQLite, each of which hands the GIL over."""
+    per kind (new rows, overwrites, deletes; keys are distinct), whatever
+    their number: fewer calls into SQLite. A Put whose key a condition just
+    found absent is a plain INSERT."""
     conditions = [(c.key, c.expect) for c in checks] + [(w.key, w.expect) for w in writes]
     conditioned = [key for key, expect in conditions if expect is not None]
     current = read_items(conn, conditioned) if conditioned else {}
@@ -132,19 +136,24 @@ def apply_transaction(
     )
     if failed or dry:
         return TxnResult(False, failed=failed, found={i: current.get(conditions[i][0]) for i in failed})
+    absent = set(conditioned).difference(current)
     versions: list[str | None] = []
+    fresh: list[tuple[Any, ...]] = []
     rows: list[tuple[Any, ...]] = []
     erased: list[tuple[bytes]] = []
     for w in writes:
         if isinstance(w, Put):
             v = w.version or version()
             kept = marker if marker is not None and w.key == marker.item else None
-            rows.append((w.key.encode(), w.value, v, *((kept.key.encode(), kept.value) if kept else (None, None))))
+            (fresh if w.key in absent else rows).append(
+                (w.key.encode(), w.value, v, *((kept.key.encode(), kept.value) if kept else (None, None))))
             versions.append(v)
         else:
             assert isinstance(w, Delete)
             erased.append((w.key.encode(),))
             versions.append(None)
+    if fresh:
+        conn.executemany(INSERT, fresh)
     if rows:
         conn.executemany(UPSERT, rows)
     if erased:
