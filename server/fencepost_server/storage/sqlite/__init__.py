@@ -1,8 +1,12 @@
 """The embedded default: one SQLite file in WAL mode.
 
-Writes go to one writer thread that group-commits whatever is queued: every
-queued operation runs inside its own SAVEPOINT of one transaction, and one
-COMMIT (one fsync) acknowledges the whole batch.
+Writes are group-committed on one writer connection (`writer.GroupCommit`):
+the writes submitted within one event-loop iteration, or while the previous
+batch was committing, run as one BEGIN IMMEDIATE transaction, their
+statements on the event loop itself (each write that needs more than one
+statement in a SAVEPOINT of its own), and one COMMIT (one fsync), run on a
+commit thread while the loop serves on, acknowledges the whole batch. The
+SQL each operation runs is in `statements`.
 
 Reads run on the calling event loop itself, on a connection of their own: in
 WAL mode a read never waits for the writer, and a primary-key lookup costs a
@@ -11,7 +15,8 @@ again. Every read is its own read transaction, started after the write it may
 depend on was acknowledged (a write is acknowledged only after its COMMIT), so
 reads see every acknowledged write. In the rare case WAL makes a reader wait
 (another process recovering the WAL), the read is handed to a reader thread
-instead of stalling the loop.
+instead of stalling the loop. One store serves one running event loop at a
+time (see `writer`).
 
 Version tokens are 128 random bits minted per write (`new_version`), as on
 every backend: unique across restarts, processes sharing the file and copies

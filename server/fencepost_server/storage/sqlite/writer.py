@@ -1,18 +1,22 @@
 """Group commit driven from the event loop, and the threads it leans on.
 
 Why on the loop: Python's sqlite3 drops the GIL around every statement it
-prepares and steps. A writer *thread* therefore hands the GIL over (and back)
-for every statement of every write while the loop thread is busy serving
-gRPC; each hand-over is a context switch, and a thread waiting for the GIL may
-wait out the interpreter's switch interval. A statement on the loop thread
-costs only itself. So the statements of a batch run on the loop, and only the
-parts that may *wait* go to a thread: the COMMIT's fsync (configurable) and a
-BEGIN IMMEDIATE that finds another process's writer holding the lock.
+prepares and steps. A writer *thread* running a batch's statements hands the
+GIL over (and back) for every statement of every write while the loop thread
+is busy serving gRPC; each hand-over is a context switch. So the statements
+of a batch run on the loop thread, and only the parts that *wait* go to a
+thread: the COMMIT (its fsync; the loop serves meanwhile, and whatever is
+written meanwhile forms the next batch) and a BEGIN IMMEDIATE that finds
+another process's writer holding the lock. Per batch that is one hand-over
+to the commit thread and one wake-up of the loop, whatever the batch holds.
+(Committing on the loop too was measured and rejected: the loop then stalls
+for every fsync, batches shrink to what one loop iteration submits, and
+throughput at 64 in flight fell by half.)
 
 What it guarantees, as the writer thread did before:
-- group commit: every write submitted while the previous batch was being
-  committed (or within one loop iteration) joins one transaction, one COMMIT,
-  one fsync; at most `MAX_BATCH` writes per transaction;
+- group commit: the writes submitted within one loop iteration, or while
+  the previous batch was committing, join one transaction, one COMMIT, one
+  fsync; at most `MAX_BATCH` writes per transaction;
 - a write is acknowledged (its future resolved) only after its COMMIT returned;
 - each write that modifies with more than one statement runs in a SAVEPOINT,
   so one failing write never sinks the batch; an error that rolls back the
@@ -110,7 +114,6 @@ class GroupCommit:
         create_schema(self._conn)
         self._conn.execute("PRAGMA busy_timeout=0")  # it waits for the lock itself (`_wait_for_lock`)
         self._version = version
-        self._last_size = 0  # how many writes the previous batch held
         self._thread = WaitingThread("fencepost-sqlite-commit")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bind_lock = threading.Lock()
@@ -228,21 +231,6 @@ class GroupCommit:
                 outcomes.append(outcome)
         except sqlite3.Error as exc:
             self._failed(batch, exc)
-            return
-        lone = len(batch) == 1 and self._last_size == 1
-        self._last_size = len(batch)
-        if lone:
-            # writes arrive one at a time (this batch and the one before it
-            # held one write): COMMIT here, sparing two thread wake-ups, most
-            # of a lone write's latency. Under load batches hold several
-            # writes: the thread commits while the loop serves, and the next
-            # batch gathers meanwhile.
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._failed(batch, exc)
-                return
-            self._answer(batch, outcomes)
             return
         assert self._loop is not None
         self._thread.run(self._commit, self._loop,
