@@ -67,31 +67,23 @@ async def batch_put(
 ) -> None:
     """Put every item (blind), BATCH_WRITE_ITEMS per request, as many requests
     at once as `gate` lets through (shared by every import of one process)."""
-    await batch_write(client, table, [{"PutRequest": {"Item": item}} for item in items], retry, gate)
-
-
-async def batch_write(
-    client: Any, table: str, writes: Sequence[Attributes], retry: RetryPolicy, gate: asyncio.Semaphore
-) -> None:
-    """Send blind BatchWriteItem requests (PutRequest / DeleteRequest entries),
-    as `batch_put` does."""
 
     async def send(chunk: list[Attributes]) -> None:
-        requests = chunk
+        requests = [{"PutRequest": {"Item": item}} for item in chunk]
         async with gate:
             for attempt in range(max(retry.attempts, 1) * 4):
                 if attempt:
                     await asyncio.sleep(retry.delay(attempt))
                 response = await with_retries(
                     retry, lambda _: client.batch_write_item(RequestItems={table: requests}),
-                    what="BatchWriteItem", write=False,  # blind writes: resending is harmless
+                    what="BatchWriteItem", write=False,  # blind puts: resending is harmless
                 )
                 requests = (response.get("UnprocessedItems") or {}).get(table) or []
                 if not requests:
                     return
             raise BackendUnavailable(f"BatchWriteItem: {len(requests)} items still unprocessed after retries")
 
-    chunks = [list(writes[i:i + BATCH_WRITE_ITEMS]) for i in range(0, len(writes), BATCH_WRITE_ITEMS)]
+    chunks = [list(items[i:i + BATCH_WRITE_ITEMS]) for i in range(0, len(items), BATCH_WRITE_ITEMS)]
     await asyncio.gather(*(send(chunk) for chunk in chunks))
 
 

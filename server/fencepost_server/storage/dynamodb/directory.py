@@ -37,8 +37,8 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from .codec import DIRECTORY_PK, ITEM_PK_PREFIX
 from .listing import QueryFn
@@ -46,8 +46,10 @@ from .table import PARTITION_KEY, SORT_KEY
 
 #: default seconds a replica trusts a directory row it wrote (URL parameter `partition_cache_ttl`)
 DEFAULT_TTL = 30.0
-#: Queries one settle keeps in flight
-_SETTLE_IN_FLIGHT = 16
+#: requests one forget / settle keeps in flight
+_IN_FLIGHT = 16
+
+T = TypeVar("T")
 
 
 class KnownPartitions:
@@ -121,19 +123,33 @@ async def names_under(query: QueryFn, prefix: str, start_after: str | None, limi
     return names[:limit]
 
 
+def row_key(partition: str) -> dict[str, Any]:
+    return {PARTITION_KEY: {"S": DIRECTORY_PK}, SORT_KEY: {"S": partition}}
+
+
+async def each(partitions: Sequence[str], call: Callable[[str], Awaitable[T]]) -> list[T]:
+    """`call` for every partition, a bounded number at once (single-item
+    requests: the server's IAM policy needs no batch action for this)."""
+    gate = asyncio.Semaphore(_IN_FLIGHT)
+
+    async def one(partition: str) -> T:
+        async with gate:
+            return await call(partition)
+
+    return list(await asyncio.gather(*(one(p) for p in partitions)))
+
+
 async def occupied(query: QueryFn, partitions: Sequence[str]) -> list[str]:
     """Those of `partitions` that hold at least one item (strongly consistent)."""
-    gate = asyncio.Semaphore(_SETTLE_IN_FLIGHT)
 
     async def holds_items(partition: str) -> bool:
-        async with gate:
-            response = await query({
-                "KeyConditionExpression": f"{PARTITION_KEY} = :pk",
-                "ExpressionAttributeValues": {":pk": {"S": ITEM_PK_PREFIX + partition}},
-                "ProjectionExpression": f"{PARTITION_KEY}, {SORT_KEY}",
-                "ConsistentRead": True, "Limit": 1,
-            })
+        response = await query({
+            "KeyConditionExpression": f"{PARTITION_KEY} = :pk",
+            "ExpressionAttributeValues": {":pk": {"S": ITEM_PK_PREFIX + partition}},
+            "ProjectionExpression": f"{PARTITION_KEY}, {SORT_KEY}",
+            "ConsistentRead": True, "Limit": 1,
+        })
         return bool(response.get("Items"))
 
-    found = await asyncio.gather(*(holds_items(p) for p in partitions))
+    found = await each(partitions, holds_items)
     return [p for p, yes in zip(partitions, found, strict=True) if yes]

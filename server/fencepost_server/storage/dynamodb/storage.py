@@ -482,14 +482,27 @@ class DynamoStorage(Storage):
 
     async def forget_partitions(self, names: Sequence[str]) -> None:
         self._known.forget(names)
-        deletes = [{"DeleteRequest": {"Key": bulk.directory_item(n)}} for n in names]
-        await bulk.batch_write(await self.client(), self.table, deletes, self.retry, self._bulk_gate)
+        client = await self.client()
+
+        async def delete(name: str) -> None:
+            await with_retries(  # a blind delete: sending it twice is harmless
+                self.retry, lambda _: client.delete_item(TableName=self.table, Key=directory.row_key(name)),
+                what="DeleteItem", write=False,
+            )
+
+        await directory.each(names, delete)
 
     async def settle_partitions(self, names: Sequence[str]) -> int:
         occupied = await directory.occupied(self._query, names)
-        if occupied:  # a write raced the erasure: its partition must be listed again
-            rows = [bulk.directory_item(p) for p in occupied]
-            await bulk.batch_put(await self.client(), self.table, rows, self.retry, self._bulk_gate)
+        client = await self.client()
+
+        async def put_back(name: str) -> None:  # a write raced the erasure: list its partition again
+            await with_retries(
+                self.retry, lambda _: client.put_item(TableName=self.table, Item=directory.row_key(name)),
+                what="PutItem", write=False,
+            )
+
+        await directory.each(occupied, put_back)
         return len(occupied)
 
 
