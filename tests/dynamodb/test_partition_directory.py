@@ -186,3 +186,13 @@ async def test_a_slow_call_checks_the_ttl_again_before_sending(
         assert partition in directory_rows(b)
     finally:
         await slow.close()
+
+
+def test_the_wait_follows_the_url() -> None:
+    storage = DynamoStorage.from_params(
+        "t", {"partition_cache_ttl": "2", "connect_timeout": "1", "read_timeout": "3", "region": REGION},
+    )
+    assert storage.partition_settle_seconds == 6.0
+    assert DynamoStorage.from_params("t", {"region": REGION}).partition_settle_seconds == 37.0
+    with pytest.raises(ValueError):
+        DynamoStorage.from_params("t", {"partition_cache_ttl": "-1"})
