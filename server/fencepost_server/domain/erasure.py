@@ -231,9 +231,11 @@ class Eraser:
         False once every prefix is done."""
         names = state.get("forgotten")
         if not isinstance(names, list):
-            index = int(state["cursor"])  # type: ignore[call-overload]
+            index, found = int(state["cursor"]), []  # type: ignore[call-overload]
             while index < len(prefixes):
-                found = await self.storage.partitions_under(prefixes[index], state.get("after"), _DIRECTORY_NAMES)  # type: ignore[arg-type]
+                after = state.get("after")
+                assert after is None or isinstance(after, str)
+                found = await self.storage.partitions_under(prefixes[index], after, _DIRECTORY_NAMES)
                 if found:
                     break
                 index, state["after"] = index + 1, None

@@ -115,7 +115,8 @@ class DynamoStorage(Storage):
 
     @classmethod
     def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
-        """`dynamodb://TABLE?endpoint=URL&region=R&pool=N&connect_timeout=S&read_timeout=S&attempts=N&partition_cache_ttl=S`."""
+        """`dynamodb://TABLE?endpoint=URL&region=R&pool=N&connect_timeout=S&read_timeout=S&attempts=N`
+        `&partition_cache_ttl=S`."""
         known = {"endpoint", "region", "pool", "connect_timeout", "read_timeout", "attempts", "partition_cache_ttl"}
         unknown = set(params) - known
         if unknown:
