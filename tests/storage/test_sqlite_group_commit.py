@@ -156,3 +156,4 @@ def test_writing_from_two_running_loops_at_once_is_refused(tmp_path: Path) -> No
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
