@@ -1,7 +1,7 @@
 """The SQLite writer's group commit (storage/sqlite/writer.py): what a batch
 guarantees when one of its writes fails, when the whole transaction is rolled
 back, when another process holds the write lock, and when the store is used
-from one event loop after another."""
+from several event loops."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def _submit(storage: SqliteStorage, op: Op, savepoint: bool) -> asyncio.Future[A
     return storage._writer.submit(op, savepoint)
 
 
+def _hold_writer(storage: SqliteStorage) -> threading.Event:
+    """Keep the writer busy until the returned event is set, so every write
+    submitted meanwhile lands in the next batch, together."""
+    gate = threading.Event()
+    _submit(storage, lambda _conn, _version: gate.wait(10), savepoint=False)
+    return gate
+
+
 def _put(key: str) -> Op:
     def op(conn: sqlite3.Connection, version: Callable[[], str]) -> str:
         v = version()
@@ -46,9 +54,11 @@ async def test_one_failing_write_leaves_the_rest_of_its_batch_applied(store: Sql
         _put("half")(conn, version)
         raise ValueError("refused half way")
 
+    gate = _hold_writer(store)
     first = _submit(store, _put("a"), savepoint=False)
     bad = _submit(store, half_then_fail, savepoint=True)
     last = _submit(store, _put("b"), savepoint=False)
+    gate.set()
     results = await asyncio.gather(first, bad, last, return_exceptions=True)
 
     assert isinstance(results[1], ValueError)
@@ -58,9 +68,11 @@ async def test_one_failing_write_leaves_the_rest_of_its_batch_applied(store: Sql
 
 async def test_a_statement_error_without_a_savepoint_fails_only_that_write(store: SqliteStorage) -> None:
     await store.put("taken", b"1")
+    gate = _hold_writer(store)
     ok_before = _submit(store, _put("c"), savepoint=False)
     clash = _submit(store, _put("taken"), savepoint=False)  # primary key clash: the statement is undone
     ok_after = _submit(store, _put("d"), savepoint=False)
+    gate.set()
     results = await asyncio.gather(ok_before, clash, ok_after, return_exceptions=True)
 
     assert isinstance(results[1], BackendUnavailable)
@@ -73,11 +85,13 @@ async def test_a_rolled_back_transaction_fails_the_whole_batch(store: SqliteStor
         conn.execute("ROLLBACK")  # as SQLite does on disk full or an I/O error
         raise sqlite3.OperationalError("disk I/O error")
 
+    gate = _hold_writer(store)
     batch = [
         _submit(store, _put("x"), savepoint=False),
         _submit(store, lose_the_transaction, savepoint=False),
         _submit(store, _put("y"), savepoint=False),
     ]
+    gate.set()
     results = await asyncio.gather(*batch, return_exceptions=True)
 
     assert all(isinstance(r, BackendUnavailable) for r in results)
@@ -135,25 +149,31 @@ def test_one_event_loop_after_another_may_write(tmp_path: Path) -> None:
     assert a.version == first and b.version == second
 
 
-def test_writing_from_two_running_loops_at_once_is_refused(tmp_path: Path) -> None:
+def test_two_running_loops_write_through_one_store_at_once(tmp_path: Path) -> None:
     storage = SqliteStorage(tmp_path / "t.db", synchronous="NORMAL")
-    other = sqlite3.connect(storage.path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")  # keeps the owning loop's write in flight
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+
+    async def writes(prefix: str) -> list[str]:
+        return await asyncio.gather(*(storage.put(f"{prefix}{i}", b"v") for i in range(200)))
+
     try:
-        owned = asyncio.run_coroutine_threadsafe(storage.put("a", b"1"), loop)
-        while not storage._writer._busy:
-            threading.Event().wait(0.001)
-        with pytest.raises(BackendUnavailable):
-            asyncio.run(storage.put("b", b"2"))
-        other.execute("COMMIT")
-        assert owned.result(10)
-        asyncio.run_coroutine_threadsafe(storage.close(), loop).result(10)
+        elsewhere = asyncio.run_coroutine_threadsafe(writes("a"), loop)
+        here = asyncio.run(writes("b"))
+        there = elsewhere.result(10)
+
+        async def check_and_close() -> None:
+            try:
+                for prefix, versions in (("a", there), ("b", here)):
+                    for i, version in enumerate(versions):
+                        item = await storage.get(f"{prefix}{i}")
+                        assert item is not None and item.version == version
+            finally:
+                await storage.close()
+
+        asyncio.run(check_and_close())
     finally:
-        other.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
-

@@ -1,12 +1,10 @@
 """The embedded default: one SQLite file in WAL mode.
 
-Writes are group-committed on one writer connection (`writer.GroupCommit`):
-the writes submitted within one event-loop iteration, or while the previous
-batch was committing, run as one BEGIN IMMEDIATE transaction, their
-statements on the event loop itself (each write that needs more than one
-statement in a SAVEPOINT of its own), and one COMMIT (one fsync), run on a
-commit thread while the loop serves on, acknowledges the whole batch. The
-SQL each operation runs is in `statements`.
+Writes go to one writer thread that group-commits whatever is queued
+(`writer.Worker`): every queued write runs inside one BEGIN IMMEDIATE
+transaction (a write that needs more than one statement in a SAVEPOINT of
+its own), and one COMMIT (one fsync) acknowledges the whole batch. The SQL
+each operation runs is in `statements`.
 
 Reads run on the calling event loop itself, on a connection of their own: in
 WAL mode a read never waits for the writer, and a primary-key lookup costs a
@@ -15,8 +13,7 @@ again. Every read is its own read transaction, started after the write it may
 depend on was acknowledged (a write is acknowledged only after its COMMIT), so
 reads see every acknowledged write. In the rare case WAL makes a reader wait
 (another process recovering the WAL), the read is handed to a reader thread
-instead of stalling the loop. One store serves one running event loop at a
-time (see `writer`).
+instead of stalling the loop.
 
 Version tokens are 128 random bits minted per write (`new_version`), as on
 every backend: unique across restarts, processes sharing the file and copies
@@ -58,7 +55,7 @@ from ..base import (
 from .statements import (
     UPSERT, apply_transaction, bounds, connect, erase, read_item, stored_marker, write_item,
 )
-from .writer import GroupCommit, WaitingThread, resolve
+from .writer import Worker
 
 #: the counter family of this backend's versions (base.version_family)
 _COUNTER_FAMILY = "16"
@@ -79,9 +76,8 @@ class SqliteStorage(Storage):
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._writer = GroupCommit(self.path, synchronous, version=new_version)
-            self._reader_conn = connect(self.path, synchronous)
-            self._reader = WaitingThread("fencepost-sqlite-reader")
+            self._writer = Worker(self.path, synchronous, writer=True, version=new_version)
+            self._reader = Worker(self.path, synchronous, writer=False)
             self._loop_conn = connect(self.path, synchronous, busy_ms=_LOOP_BUSY_MS)
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
@@ -100,11 +96,7 @@ class SqliteStorage(Storage):
         except sqlite3.Error as exc:
             if not (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
                 raise BackendUnavailable(f"sqlite: {exc}") from exc
-        # wait for the lock off the event loop
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._reader.run(lambda: fn(self._reader_conn), loop, lambda ok, value: resolve(fut, ok, value))
-        return await fut
+        return await self._reader.submit(fn)  # waits for the lock off the event loop
 
     async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any],
                         savepoint: bool = False) -> Any:
@@ -288,8 +280,6 @@ class SqliteStorage(Storage):
             return
         self._closed = True
         loop = asyncio.get_running_loop()
-        await self._writer.wait_idle()
-        await loop.run_in_executor(None, self._writer.close)
+        await loop.run_in_executor(None, self._writer.stop)
         await loop.run_in_executor(None, self._reader.stop)
-        self._reader_conn.close()
         self._loop_conn.close()
