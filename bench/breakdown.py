@@ -1,6 +1,6 @@
 """Where a call's server CPU goes, layer by layer (docs/performance.md).
 
-The grpc transport's share is the bare echo server's CPU per call (bench/kv.py
+The grpc transport's share is the floor's (a KvService that stores nothing, bench/echo_server.py) CPU per call (bench/kv.py
 prints it). Everything fencepost adds on top runs in the method handler the
 server looks up for the call, so that is driven here in process, without
 gRPC, 64 calls in flight on the event loop, and timed as CPU per call
