@@ -1,7 +1,7 @@
 """Where a call's server CPU goes, layer by layer (docs/performance.md).
 
-The grpc transport's share is the floor's (a KvService that stores nothing, bench/echo_server.py) CPU per call (bench/kv.py
-prints it). Everything fencepost adds on top runs in the method handler the
+The grpc transport's share is the floor's CPU per call (a KvService that
+stores nothing, bench/echo_server.py; bench/kv.py prints it). Everything fencepost adds on top runs in the method handler the
 server looks up for the call, so that is driven here in process, without
 gRPC, 64 calls in flight on the event loop, and timed as CPU per call
 (`time.process_time`, which includes the SQLite writer thread) in variants
