@@ -8,10 +8,10 @@ op is compared with the same op on it), fencepost over
 memory:// and over SQLite through raw stubs, SQLite through the SDK, fenced
 ledger commits, and SQLite with `--workers 2` against the same server with one
 worker over several client channels. Each round measures the figures a target
-compares back to back (echo, memory, SQLite, SDK for one op), so a ratio is
-taken at one moment of this shared machine; a target's value is the median
-of its per-round ratios (each round's values are printed too), then backend
-calls per RPC.
+compares together (echo, memory, SQLite, SDK for one op), taking turns of
+SECONDS / TURNS each, so a ratio is taken at one moment of this shared
+machine; a target's value is the median of its per-round ratios (each round's
+values are printed too), then backend calls per RPC.
 
     python -m bench kv     FENCEPOST_BENCH_SECONDS=0.5 FENCEPOST_BENCH_ROUNDS=1 for a quick look
 """
@@ -35,13 +35,15 @@ from fencepost_server.config import Settings
 from fencepost_server.storage.counting import CountingStorage
 from fencepost_server.storage.memory import MemoryStorage
 
-from .harness import Reporter, Result, cpu_seconds, fencepost_server, free_port, measure_for, subprocess_server
+from .harness import Reporter, Result, cpu_seconds, fencepost_server, free_port, measure_interleaved, subprocess_server
 
 VALUE = b"v" * 200
 KEYS = 1000
 SECONDS = float(os.environ.get("FENCEPOST_BENCH_SECONDS", "1.5"))
 WARMUP = 0.3
 ROUNDS = int(os.environ.get("FENCEPOST_BENCH_ROUNDS", "5"))
+#: turns per figure and round: the figures a target compares take turns of SECONDS / TURNS
+TURNS = int(os.environ.get("FENCEPOST_BENCH_TURNS", "5"))
 CHANNELS = 4  # client channels (TCP connections) for the --workers comparison
 #: a channel of its own: grpc would otherwise share one connection among equal channels
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -118,7 +120,13 @@ class _Targets:
         self.sdk = fencepost.AsyncClient(f"127.0.0.1:{ports['sqlite']}")
         self.sessions: list[list[Any]] = []
 
-    async def measure(self, target: str, op: str, conc: int) -> Result:
+    async def measure(self, group: list[tuple[str, str, int]]) -> list[Result]:
+        """The figures of one group (one concurrency), measured in turns."""
+        prepared = [await self._prepare(*key) for key in group]
+        return await measure_interleaved(prepared, concurrency=group[0][2], seconds=SECONDS, warmup=WARMUP,
+                                         slices=TURNS)
+
+    async def _prepare(self, target: str, op: str, conc: int) -> tuple[Call, Callable[[], float]]:
         if target == "sqlite sdk":
             call = _sdk_ops(self.sdk, conc)[op]
         elif target == "sqlite ledger":
@@ -129,8 +137,7 @@ class _Targets:
         if seed is not None:
             await seed()
         pid = self.pids[self.server[target]]
-        return await measure_for(call, concurrency=conc, seconds=SECONDS, warmup=WARMUP,
-                                 cpu=lambda: cpu_seconds(pid))
+        return call, lambda: cpu_seconds(pid)
 
     async def _commit_call(self, conc: int) -> Call:
         """Fenced commits (one 200-byte record and a commit id: what the SDK
@@ -159,7 +166,7 @@ class _Targets:
         await self.sdk.close()
 
 
-#: the measurements of one round, in order: each group is measured back to back,
+#: the measurements of one round, in order: the figures of a group take turns,
 #: so the ratios within a group see the same moment of this shared machine
 def _groups() -> list[list[tuple[str, str, int]]]:
     groups: list[list[tuple[str, str, int]]] = []
@@ -243,8 +250,7 @@ async def run(report: Reporter) -> None:
             for _ in range(ROUNDS):
                 figures: Figures = {}
                 for group in _groups():
-                    for key in group:
-                        figures[key] = await targets.measure(*key)
+                    figures.update(zip(group, await targets.measure(group)))
                 runs.append(figures)
         finally:
             await targets.close()
