@@ -72,12 +72,14 @@ async def measure_interleaved(targets: list[tuple[Callable[[int], Awaitable[obje
     """`measure_for` of several targets at once, taking turns: `slices` turns
     of `seconds / slices` each (after one `warmup` each, and a short re-warm-up
     before every later turn), so whatever else runs on this shared machine
-    lands on every target alike and their ratios are taken at one moment.
-    Each target's figures sum its turns."""
+    lands on every target alike and their ratios are taken at one moment
+    (the order rotates from turn to turn). Each target's figures sum its turns."""
     totals = [_Totals() for _ in targets]
+    order = list(range(len(targets)))
     for turn in range(slices):
-        for (call, cpu), total in zip(targets, totals):
-            await _closed_loop(call, concurrency, seconds / slices, warmup if turn == 0 else _REWARM, cpu, total)
+        for k in order[turn % len(order):] + order[:turn % len(order)]:  # each turn starts with the next target
+            call, cpu = targets[k]
+            await _closed_loop(call, concurrency, seconds / slices, warmup if turn == 0 else _REWARM, cpu, totals[k])
     return [t.result(cpu is not None) for t, (_, cpu) in zip(totals, targets)]
 
 
@@ -140,14 +142,35 @@ def cpu_seconds(pid: int) -> float:
     (a `--workers` supervisor's workers), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for p in [pid, *_children(pid)]:
+    for p in [pid, *children(pid)]:
         with contextlib.suppress(OSError):
             fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
 
 
-def _children(pid: int) -> list[int]:
+def connections_per_process(pids: list[int], port: int) -> dict[int, int]:
+    """Established TCP connections on local `port` held by each of `pids` (from /proc)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                    inodes.add(f"socket:[{fields[9]}]")
+    counts = {}
+    for pid in pids:
+        n = 0
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    n += os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+        counts[pid] = n
+    return counts
+
+
+def children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
     return []

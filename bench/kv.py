@@ -35,7 +35,17 @@ from fencepost_server.config import Settings
 from fencepost_server.storage.counting import CountingStorage
 from fencepost_server.storage.memory import MemoryStorage
 
-from .harness import Reporter, Result, cpu_seconds, fencepost_server, free_port, measure_interleaved, subprocess_server
+from .harness import (
+    Reporter,
+    Result,
+    children,
+    connections_per_process,
+    cpu_seconds,
+    fencepost_server,
+    free_port,
+    measure_interleaved,
+    subprocess_server,
+)
 
 VALUE = b"v" * 200
 KEYS = 1000
@@ -110,13 +120,16 @@ class _Targets:
 
     def __init__(self, ports: dict[str, int], pids: dict[str, int]) -> None:
         self.pids = pids
+        self.ports = ports
         self.channels = {
-            "echo": _channels(ports["echo"], 1), "memory": _channels(ports["memory"], 1),
+            "echo": _channels(ports["echo"], 1), "echo 2": _channels(ports["echo2"], 1),
+            "memory": _channels(ports["memory"], 1),
             "sqlite": _channels(ports["sqlite"], 1), "sqlite 1 worker": _channels(ports["sqlite"], CHANNELS),
             "sqlite 2 workers": _channels(ports["workers"], CHANNELS),
         }
-        self.server = {"echo": "echo", "memory": "memory", "sqlite": "sqlite", "sqlite 1 worker": "sqlite",
-                       "sqlite 2 workers": "workers", "sqlite sdk": "sqlite", "sqlite ledger": "sqlite"}
+        self.server = {"echo": "echo", "echo 2": "echo2", "memory": "memory", "sqlite": "sqlite",
+                       "sqlite 1 worker": "sqlite", "sqlite 2 workers": "workers", "sqlite sdk": "sqlite",
+                       "sqlite ledger": "sqlite"}
         self.sdk = fencepost.AsyncClient(f"127.0.0.1:{ports['sqlite']}")
         self.sessions: list[list[Any]] = []
 
@@ -160,6 +173,19 @@ class _Targets:
 
         return commit
 
+    async def reconnect_workers(self) -> None:
+        """New connections for the --workers comparison: the kernel hashes each
+        connection to one worker (SO_REUSEPORT), so with 4 connections a round
+        may see them split 2:2, 3:1 or 4:0; every round draws again."""
+        for target, server in (("sqlite 1 worker", "sqlite"), ("sqlite 2 workers", "workers")):
+            await _close(self.channels[target])
+            self.channels[target] = _channels(self.ports[server], CHANNELS)
+
+    def worker_split(self) -> str:
+        """How the open connections to the --workers server fall on its workers, e.g. "3:1"."""
+        counts = connections_per_process(children(self.pids["workers"]), self.ports["workers"])
+        return ":".join(str(n) for n in sorted(counts.values(), reverse=True))
+
     async def close(self) -> None:
         for chs in self.channels.values():
             await _close(chs)
@@ -173,6 +199,8 @@ def _groups() -> list[list[tuple[str, str, int]]]:
     for conc in (1, 64):
         for op in ("put", "get", "cas"):
             group = [("echo", op, conc), ("memory", op, conc), ("sqlite", op, conc)]
+            if conc == 64 and op == "put":
+                group.append(("echo 2", op, conc))  # the control: a second, identical floor server
             if conc == 64:
                 group.append(("sqlite sdk", op, conc))
                 if op == "put":
@@ -238,20 +266,24 @@ async def run(report: Reporter) -> None:
     """Rounds of back-to-back groups; each figure and each target's ratio is
     the median over the rounds of its per-round value."""
     runs: list[Figures] = []
-    ports = {name: free_port() for name in ("echo", "memory", "sqlite", "workers")}
+    splits: list[str] = []  # per round: the 4 connections over the 2 workers
+    ports = {name: free_port() for name in ("echo", "echo2", "memory", "sqlite", "workers")}
     with tempfile.TemporaryDirectory() as tmp, \
             subprocess_server(["-m", "bench.echo_server", str(ports["echo"])], ports["echo"]) as echo, \
+            subprocess_server(["-m", "bench.echo_server", str(ports["echo2"])], ports["echo2"]) as echo2, \
             fencepost_server(ports["memory"], "memory://") as memory, \
             fencepost_server(ports["sqlite"], f"sqlite://{Path(tmp) / 'bench.db'}") as sqlite, \
             fencepost_server(ports["workers"], f"sqlite://{Path(tmp) / 'workers.db'}", workers=2) as workers:
-        targets = _Targets(ports, {"echo": echo.pid, "memory": memory.pid, "sqlite": sqlite.pid,
-                                   "workers": workers.pid})
+        targets = _Targets(ports, {"echo": echo.pid, "echo2": echo2.pid, "memory": memory.pid,
+                                   "sqlite": sqlite.pid, "workers": workers.pid})
         try:
             for _ in range(ROUNDS):
                 figures: Figures = {}
+                await targets.reconnect_workers()
                 for group in _groups():
                     figures.update(zip(group, await targets.measure(group)))
                 runs.append(figures)
+                splits.append(targets.worker_split())
         finally:
             await targets.close()
     for key in runs[0]:
@@ -266,6 +298,10 @@ async def run(report: Reporter) -> None:
         value = _median(values)
         report(f"target: {name}", value=round(value, 3), bound=bound, result="PASS" if check(value) else "FAIL",
                rounds=" ".join(f"{v:.2f}" for v in values))
+    control = [r[("echo 2", "put", 64)].rate / r[("echo", "put", 64)].rate for r in runs]
+    report("control: a second floor server / the floor, put 64 in flight (1.00 but for noise)",
+           value=round(_median(control), 3), rounds=" ".join(f"{v:.2f}" for v in control))
+    report(f"--workers 2: {CHANNELS} connections over the workers", rounds=" ".join(splits))
     await backend_calls_per_rpc(report)
 
 
