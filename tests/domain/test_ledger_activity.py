@@ -1,5 +1,5 @@
-"""The activity bookkeeping every commit does (activity.py): its spelled-out
-encodings are the canonical ones byte for byte, and the superseded entries a
+"""The ledger's hot-path encodings are spelled out (activity.py, layout.py):
+they are the canonical ones byte for byte. And the superseded entries a
 session keeps stay bounded and derivable from its act/ item."""
 
 from __future__ import annotations
@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from fencepost_server.domain.ledger import Ledger, LedgerConfig
 from fencepost_server.domain.ledger.activity import MAX_KEPT, Activity
-from fencepost_server.domain.ledger.layout import agent_root, dumps, index_prefix
+from fencepost_server.domain.ledger.layout import (
+    LeaseState,
+    agent_root,
+    decode_event,
+    dumps,
+    encode_event,
+    encode_inline_event,
+    index_prefix,
+)
 from fencepost_server.storage.memory import MemoryStorage
 
 T = "tenant"
@@ -55,6 +63,23 @@ def test_encodings_are_the_canonical_dumps(
     assert a.act_value() == _reference_act(a)
     assert a.entry_value(superseded) == _reference_entry(a, superseded)
     assert Activity.decode(a.act_value()) == a
+
+
+_times = st.floats(min_value=0, max_value=4e9, allow_nan=False)
+
+
+@given(holder=st.text(max_size=40), generation=_ints, expires=_times, released=st.booleans())
+def test_lease_encoding_is_the_canonical_dumps(holder: str, generation: int, expires: float, released: bool) -> None:
+    lease = LeaseState(holder, generation, expires, released)
+    assert lease.encode() == dumps({"h": holder, "g": generation, "e": expires, "r": released})
+    assert LeaseState.decode(lease.encode()) == lease
+
+
+@given(dedupe=st.text(max_size=40), delivered=_times, payload=st.binary(max_size=50))
+def test_inline_event_encoding_is_the_canonical_one(dedupe: str, delivered: float, payload: bytes) -> None:
+    value = encode_inline_event(dedupe, delivered, payload)
+    assert value == encode_event({"d": dedupe, "t": delivered}, payload)
+    assert decode_event(value) == ({"d": dedupe, "t": delivered}, payload)
 
 
 async def test_a_session_committing_fast_keeps_at_most_max_kept_superseded_entries() -> None:

@@ -47,12 +47,11 @@ from __future__ import annotations
 import json
 from bisect import bisect_right
 from dataclasses import dataclass, replace
-from json.encoder import encode_basestring_ascii as _json_str
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError, Write
 from ..errors import NotFound
 from .core import LedgerBase, log
-from .layout import Meta, SessionKeys, activity_micros, dumps
+from .layout import Meta, SessionKeys, activity_micros, json_str
 
 #: Session keys longer than this stay out of the index (the listing reads meta).
 KEY_IN_INDEX_BYTES = 1024
@@ -105,7 +104,7 @@ class Activity:
         """dumps({"b", "k", "p", "s", "t": µs / 1e6, "u", "w": {"b", "s", "u"}}), absent fields left out."""
         parts = [] if self.size is None else [f'"b":{self.size}']
         if self.key is not None:
-            parts.append('"k":' + _json_str(self.key))
+            parts.append('"k":' + json_str(self.key))
         if self.kept:
             parts.append('"p":[' + ",".join(map(str, self.kept)) + "]")
         parts.append(f'"s":{self.seq},"t":{self.micros / 1e6!r},"u":{self.micros}')
@@ -117,7 +116,7 @@ class Activity:
         """dumps({"b", "k", "n", "s"}), absent fields left out."""
         parts = [] if self.size is None else [f'"b":{self.size}']
         if self.key is not None:
-            parts.append('"k":' + _json_str(self.key))
+            parts.append('"k":' + json_str(self.key))
         if superseded_at is not None:
             parts.append(f'"n":{superseded_at}')
         parts.append(f'"s":{self.seq}')

@@ -37,7 +37,7 @@ from fencepost import reasons
 from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
-from .core import MAX_CONSUMED, MAX_RECORDS, bad, contended
+from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended
 from .layout import check_inbox_id, gen_value, parse_seq, seq_value, session_not_found
 
 
@@ -73,8 +73,6 @@ def _key_bytes(keys: Iterable[str]) -> int:
 
 #: A commit whose remembered act/ value went stale is retried this often.
 _ATTEMPTS = 3
-_ABSENT = Expect(exists=False)
-_PRESENT = Expect(exists=True)
 
 
 class CommitMethods(ActivityMethods):
@@ -96,12 +94,12 @@ class CommitMethods(ActivityMethods):
         checks = [Check(sk.gen, Expect(value=gen_value(generation, True)))]
         writes: list[Write] = [Put(sk.head, seq_value(new_seq), Expect(value=seq_value(expected_seq)))]
         log_key = sk.log_key
-        writes += [Put(log_key(expected_seq + 1 + i), rec, _ABSENT) for i, rec in enumerate(records)]
+        writes += [Put(log_key(expected_seq + 1 + i), rec, ABSENT) for i, rec in enumerate(records)]
         if consume:
-            writes += [Delete(sk.inbox_key(cid), _PRESENT) for cid in consume]
+            writes += [Delete(sk.inbox_key(cid), PRESENT) for cid in consume]
         if commit_id:
             # "t": when, so retention can sweep markers past their window (docs/lifecycle.md)
-            writes.append(Put(sk.commit_key(commit_id), _marker(new_seq, fp, int(self.clock())), _ABSENT))
+            writes.append(Put(sk.commit_key(commit_id), _marker(new_seq, fp, int(self.clock())), ABSENT))
         added = sum(map(len, records))
         room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
         # the transaction's bytes (validate_transaction's measure) without the activity writes
@@ -112,7 +110,7 @@ class CommitMethods(ActivityMethods):
             prior = await self.prior_activity(tenant, sk, expected_seq)
             new_act = new_value = None
             if prior is None:  # the session is gone: the write fails and _why says how
-                ops, conds = writes, [*checks, Check(sk.act, _PRESENT)]
+                ops, conds = writes, [*checks, Check(sk.act, PRESENT)]
                 size = fixed_size + len(sk.act.encode())
             else:
                 if room < 0:  # no room for the index entries: they follow the commit
