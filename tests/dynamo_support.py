@@ -100,5 +100,11 @@ async def new_dynamo_storage(**kwargs: object) -> DynamoStorage:
     return storage
 
 
+#: The shared fixture's partition-cache TTL and in-flight bound: an erasure
+#: waits their sum before settling the partition directory (30 s + 7 s by
+#: default), so the tests keep it short.
+TEST_PARTITION_CACHE = {"partition_cache_ttl": 0.5, "in_flight_seconds": 0.25}
+
+
 async def open_dynamodb(_tmp: Path) -> Storage:
-    return await new_dynamo_storage()
+    return await new_dynamo_storage(**TEST_PARTITION_CACHE)

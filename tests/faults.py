@@ -157,6 +157,19 @@ class FaultyStorage(Storage):
     async def forget_markers(self, prefix: str) -> None:
         await self.inner.forget_markers(prefix)
 
+    @property
+    def partition_settle_seconds(self) -> float:  # type: ignore[override]
+        return self.inner.partition_settle_seconds
+
+    async def partitions_under(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> list[str]:
+        return await self.inner.partitions_under(prefix, start_after, limit)
+
+    async def forget_partitions(self, names: Sequence[str]) -> None:
+        await self.inner.forget_partitions(names)
+
+    async def settle_partitions(self, names: Sequence[str]) -> int:
+        return await self.inner.settle_partitions(names)
+
     async def ping(self) -> None:
         await self.inner.ping()
 

@@ -14,15 +14,21 @@ import boto3
 
 from fencepost_server.storage import Storage
 from fencepost_server.storage.dynamodb import DynamoStorage
-from fencepost_server.storage.dynamodb.codec import ITEM_PK_PREFIX, key_from
+from fencepost_server.storage.dynamodb.codec import DIRECTORY_PK, ITEM_PK_PREFIX, key_from
 from fencepost_server.storage.dynamodb.table import VALUE
 from fencepost_server.storage.memory import MemoryStorage
 from fencepost_server.storage.sqlite import SqliteStorage
 
+#: How a row of DynamoDB's partition directory is reported: it holds no value,
+#: but its sort key is a partition's name (a tenant, an agent, ...), which an
+#: erasure must not leave behind either.
+DIRECTORY_ROW = "[partition directory] "
+
 
 def raw_items(storage: Storage) -> dict[str, bytes]:
-    """key -> value of every stored item (DynamoDB: item rows; the partition
-    directory's rows hold partition names, no data, and are not items)."""
+    """key -> value of every stored item. On DynamoDB every row of the table
+    counts: item rows by their key, and the partition directory's rows as
+    `DIRECTORY_ROW + partition name` with an empty value."""
     if isinstance(storage, MemoryStorage):
         return {k: it.value for k, it in storage._items.items()}  # noqa: SLF001 - reading beneath on purpose
     if isinstance(storage, SqliteStorage):
@@ -34,10 +40,20 @@ def raw_items(storage: Storage) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         for page in client.get_paginator("scan").paginate(TableName=storage.table, ConsistentRead=True):
             for row in page["Items"]:
-                if row["pk"]["S"].startswith(ITEM_PK_PREFIX):
+                pk = row["pk"]["S"]
+                if pk.startswith(ITEM_PK_PREFIX):
                     out[key_from(row)] = bytes(row.get(VALUE, {}).get("B", b""))
+                elif pk == DIRECTORY_PK:
+                    out[DIRECTORY_ROW + row["sk"]["S"]] = b""
         return out
     raise TypeError(f"no raw reader for {type(storage).__name__}")
+
+
+def data_only(items: dict[str, bytes]) -> dict[str, bytes]:
+    """`items` without the partition directory's rows: for comparing the data
+    outside an erased scope before and after (an erasure may add a row for a
+    shared bookkeeping partition such as `#/ledger/erase/`, naming no one)."""
+    return {k: v for k, v in items.items() if not k.startswith(DIRECTORY_ROW)}
 
 
 def raw_keys_naming(storage: Storage, *needles: str) -> list[str]:

@@ -201,3 +201,36 @@ async def test_concurrent_cas_increments_count_exactly_once(storage: Storage) ->
     await asyncio.gather(*(worker() for _ in range(8)))
     assert applied == 80
     assert (await storage.get("ctr")).value == b"80"  # type: ignore[union-attr]
+
+
+async def test_forgetting_partitions_of_an_emptied_prefix(storage: Storage) -> None:
+    """Erasure's last step: the records a backend keeps of key ranges under an
+    emptied prefix are listed, forgotten and settled; a key written meanwhile
+    (a racing writer) is still found by every list afterwards."""
+    doomed = ["gone/kv/a", "gone/sys/agentkit/v1/bot/x", "gone/sys/agentkit/v1/dog/y", "gone/sys/journal/z"]
+    kept = ["kept/kv/a", "kept/sys/agentkit/v1/bot/x"]
+    for key in doomed + kept:
+        await storage.put(key, b"v")
+    kept_names = await storage.partitions_under("kept/")
+    for key in doomed:
+        assert await storage.delete(key)
+
+    names, after = [], None
+    while page := await storage.partitions_under("gone/", after, 1):  # one at a time: paging holds
+        names += page
+        after = page[-1]
+    assert names == sorted(names) and all(n.startswith("gone/") for n in names)
+    assert names == await storage.partitions_under("gone/")
+    await storage.forget_partitions(names)
+    assert await storage.partitions_under("gone/") == []
+
+    await storage.put("gone/sys/agentkit/v1/bot/late", b"raced")  # a write landing during the wait
+    await asyncio.sleep(storage.partition_settle_seconds)
+    restored = await storage.settle_partitions(names)
+    assert restored <= len(names)
+
+    assert await storage.list_keys("gone/") == ["gone/sys/agentkit/v1/bot/late"]
+    assert "gone/sys/agentkit/v1/bot/late" in await storage.list_keys("")
+    assert all(n.startswith("gone/sys/agentkit/v1/bot/") for n in await storage.partitions_under("gone/"))
+    assert await storage.list_keys("kept/") == kept
+    assert await storage.partitions_under("kept/") == kept_names

@@ -17,7 +17,7 @@ from fencepost_server.app import App
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
 from tests.api.security_support import write_tokens
-from tests.raw_store import raw_items
+from tests.raw_store import data_only, raw_items
 
 TOKENS = {
     "op-doomed": ("doomed-tenant", "operator"),
@@ -73,7 +73,7 @@ def naming(items: dict[str, bytes], needles: list[str]) -> dict[str, bytes]:
 
 def outside(items: dict[str, bytes], needles: list[str]) -> dict[str, bytes]:
     gone = naming(items, needles)
-    return {k: v for k, v in items.items() if k not in gone and not k.startswith("#/ops/")}
+    return {k: v for k, v in data_only(items).items() if k not in gone and not k.startswith("#/ops/")}
 
 
 def agent_needles(agent: str, sessions: list[str]) -> list[str]:

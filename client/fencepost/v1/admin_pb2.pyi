@@ -39,7 +39,10 @@ class ErasureOperation(_message.Message):
     """The agent erased ("" for a whole tenant)."""
     phase: _builtins.str
     """What it does now: "fence" (tombstoning sessions), "sweep" (removing
-    keys), "done".
+    keys), "directory" (removing what the backend keeps besides items that
+    names the scope: DynamoDB's partition-directory rows; this waits the
+    backend's partition cache TTL, 30 s + one request's timeouts by
+    default), "done".
     """
     sessions_fenced: _builtins.int
     """Sessions fenced so far."""

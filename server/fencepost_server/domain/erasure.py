@@ -17,7 +17,16 @@ Phases:
 - sweep: every key left under the scope's prefixes is deleted in batches
   (journal and archives, memory, evals, author KV, ...); a tenant's request-id
   markers and ledger index entries under `#/` go too.
-- done.
+- directory: what the backend keeps besides items that names the scope
+  (DynamoDB's partition-directory rows) goes, a batch of names at a time:
+  the names are recorded first, then forgotten, then the runner waits the
+  backend's `partition_settle_seconds` (saving the time waited as it goes,
+  which also renews its claim), then settles them (a partition a racing
+  write filled again gets its record back). A replica taking over mid-wait
+  goes on from the recorded time: the wait only has to follow the removal.
+  Nothing to do on backends that keep no such records.
+- done: a raw read of the backend finds nothing of the scope, bar what was
+  written after the erasure began (new data).
 
 The stored record never names an erased tenant (its SHA-256 authorizes
 GetOperation), and a finished agent erasure forgets the agent's name.
@@ -53,6 +62,8 @@ _END = "\U0010ffff"  # sorts after every character a key holds: "skip this subtr
 _SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
+_DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
+_DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,18 +208,65 @@ class Eraser:
                 await self.storage.forget_markers(prefix)
         prefixes = list(state["prefixes"])  # type: ignore[call-overload]
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
-        if index < len(prefixes):
-            removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS)
-            state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
-            if removed < _STEP_KEYS:
-                state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
+        if state["phase"] == "sweep":
+            if index < len(prefixes):
+                removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS)
+                state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
+                if removed < _STEP_KEYS:
+                    state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
+                return
+            state["phase"], state["cursor"] = "directory", 0
+            return
+        if await self._directory_step(prefixes, state):
             return
         # done: the record keeps no name of what it erased (the tenant's hash authorizes reads)
         state["phase"], state["cursor"] = "done", None
-        state.pop("scope_tenant", None)
-        state.pop("prefixes", None)
+        for scratch in ("scope_tenant", "prefixes", "after", "forgotten", "waited"):
+            state.pop(scratch, None)
         if isinstance(agent, str):
             state["agent"], state["agent_hash"] = None, _digest(agent)
+
+    async def _directory_step(self, prefixes: list[str], state: dict[str, object]) -> bool:
+        """One step of the directory phase (see the module's docstring);
+        False once every prefix is done."""
+        names = state.get("forgotten")
+        if not isinstance(names, list):
+            index, found = int(state["cursor"]), []  # type: ignore[call-overload]
+            while index < len(prefixes):
+                after = state.get("after")
+                assert after is None or isinstance(after, str)
+                found = await self.storage.partitions_under(prefixes[index], after, _DIRECTORY_NAMES)
+                if found:
+                    break
+                index, state["after"] = index + 1, None
+            state["cursor"] = index
+            if index >= len(prefixes):
+                return False
+            size, names = 0, []
+            for name in found:
+                size += len(name.encode()) + 4
+                if names and size > _DIRECTORY_BYTES:
+                    break
+                names.append(name)
+            # recorded before any goes, so whoever finishes the batch settles every one
+            state["forgotten"], state["waited"] = names, None
+            return True
+        if state.get("waited") is None:
+            await self.storage.forget_partitions(names)
+            state["waited"] = 0.0
+            return True
+        remaining = self.storage.partition_settle_seconds - float(state["waited"])  # type: ignore[arg-type]
+        if remaining > 0:
+            pause = min(remaining, self.claim_seconds / 3)  # saved after each pause: the claim stays ours
+            await asyncio.sleep(pause)
+            state["waited"] = float(state["waited"]) + pause  # type: ignore[arg-type]
+            return True
+        restored = await self.storage.settle_partitions(names)
+        if restored:
+            log.info("erasure: %d partition(s) written again during the erasure keep their directory record",
+                     restored)
+        state["after"], state["forgotten"], state["waited"] = names[-1], None, None
+        return True
 
     async def _fence_next(self, tenant: str, agent: str | None, state: dict[str, object]) -> None:
         """Tombstone and sweep the next session in scope (skipping every other

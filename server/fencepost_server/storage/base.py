@@ -296,6 +296,31 @@ class Storage(abc.ABC):
         hand its marker on as an item of its own). Nothing to do where
         markers are items of their own."""
 
+    # -- erasure: names the backend keeps besides items -------------------
+    # A backend may keep records of its own that name key ranges (DynamoDB:
+    # one partition-directory row per partition, named after the keys' head:
+    # tenant, agent). An erasure removes those under its scope once the items
+    # are gone: it lists them, forgets them, waits `partition_settle_seconds`,
+    # then settles them. Nothing to do on a backend that keeps none.
+
+    #: seconds between `forget_partitions` and `settle_partitions` (writers
+    #: trusting a forgotten record have stopped, and their writes have landed)
+    partition_settle_seconds: float = 0.0
+
+    async def partitions_under(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> list[str]:
+        """Names of the backend's own records of key ranges starting with
+        `prefix`, after `start_after`, in order, at most `limit`."""
+        return []
+
+    async def forget_partitions(self, names: Sequence[str]) -> None:
+        """Remove those records (every key under them has been erased)."""
+
+    async def settle_partitions(self, names: Sequence[str]) -> int:
+        """After `partition_settle_seconds`: put back the records of those
+        ranges that hold items again (a write raced the erasure), so lists
+        still find them. Returns how many were put back."""
+        return 0
+
     async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
         """`transact` for a request with an id: applied only when `marker`
         exists under neither of its keys, and then the marker is stored with

@@ -14,8 +14,10 @@ through ReturnValues=ALL_OLD). `transact` is one TransactWriteItems (with
 first write that may create an item in a partition this process has not
 seen yet goes out as a TransactWriteItems that also writes the partition's
 directory entry: still one request, and the directory entry exists before
-any item of the partition can. A list page over a prefix that pins one
-partition is one Query.
+any item of the partition can. The process then trusts the entry for
+`partition_cache_ttl` seconds (30 by default), so that an erasure can remove
+the entries naming its scope (directory.py). A list page over a prefix that
+pins one partition is one Query.
 
 Versions are 128 random bits made by the writer, so an attempt can recognise
 its own write: when a retried conditional write fails and the current item
@@ -29,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ from ..base import (
     new_version,
     validate_transaction,
 )
-from . import bulk, listing
+from . import bulk, directory, listing
 from .codec import (
     Condition,
     KeyCodec,
@@ -84,6 +85,8 @@ class DynamoStorage(Storage):
         retry: RetryPolicy | None = None,
         layout: KeyLayout | None = None,
         known_partitions: int = 100_000,
+        partition_cache_ttl: float = directory.DEFAULT_TTL,
+        in_flight_seconds: float | None = None,
     ) -> None:
         self.table = table
         self.endpoint_url = endpoint_url
@@ -100,10 +103,11 @@ class DynamoStorage(Storage):
         self._client_context: Any = None
         self._client_lock = asyncio.Lock()
         self._closed = False
-        # Partitions whose directory entry is known to exist (LRU). Losing an
-        # entry costs one extra directory write, never correctness.
-        self._known: OrderedDict[str, None] = OrderedDict()
-        self._known_limit = known_partitions
+        # Partitions whose directory entry this process wrote, trusted for a while (directory.py).
+        self._known = directory.KnownPartitions(known_partitions, partition_cache_ttl)
+        # The longest a sent attempt can take to be applied: the one attempt's
+        # timeouts (botocore's own retries are off), unless told otherwise.
+        self._in_flight = connect_timeout + read_timeout if in_flight_seconds is None else in_flight_seconds
         # The stored version watermarks as last read or written (bulk.py);
         # None until the first import of this process needs them.
         self._watermarks: dict[str, tuple[int, str]] | None = None
@@ -111,8 +115,9 @@ class DynamoStorage(Storage):
 
     @classmethod
     def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
-        """`dynamodb://TABLE?endpoint=URL&region=R&pool=N&connect_timeout=S&read_timeout=S&attempts=N`."""
-        known = {"endpoint", "region", "pool", "connect_timeout", "read_timeout", "attempts"}
+        """`dynamodb://TABLE?endpoint=URL&region=R&pool=N&connect_timeout=S&read_timeout=S&attempts=N`
+        `&partition_cache_ttl=S`."""
+        known = {"endpoint", "region", "pool", "connect_timeout", "read_timeout", "attempts", "partition_cache_ttl"}
         unknown = set(params) - known
         if unknown:
             raise ValueError(f"unknown dynamodb URL parameter(s): {', '.join(sorted(unknown))}")
@@ -124,6 +129,7 @@ class DynamoStorage(Storage):
             connect_timeout=float(params.get("connect_timeout", 2.0)),
             read_timeout=float(params.get("read_timeout", 5.0)),
             retry=RetryPolicy(attempts=max(1, int(params.get("attempts", 5)))),
+            partition_cache_ttl=float(params.get("partition_cache_ttl", directory.DEFAULT_TTL)),
         )
 
     # -- plumbing ----------------------------------------------------------
@@ -150,21 +156,6 @@ class DynamoStorage(Storage):
     async def create_table(self) -> bool:
         """Create the table if missing (PAY_PER_REQUEST, TTL enabled)."""
         return await create_table(await self.client(), self.table)
-
-    def _needs_directory(self, partition: str) -> bool:
-        if not partition:
-            return False  # partition "" is every short prefix's home: always queried
-        if partition in self._known:
-            self._known.move_to_end(partition)
-            return False
-        return True
-
-    def _remember(self, partitions: Sequence[str]) -> None:
-        for partition in partitions:
-            self._known[partition] = None
-            self._known.move_to_end(partition)
-        while len(self._known) > self._known_limit:
-            self._known.popitem(last=False)
 
     async def _query(self, request: dict[str, Any]) -> dict[str, Any]:
         client = await self.client()
@@ -241,16 +232,17 @@ class DynamoStorage(Storage):
         for item in items:
             partition, key_attrs = self.codec.key_attributes(item.key)
             puts.append({**key_attrs, VALUE: {"B": item.value}, VERSION: {"S": item.version}})
-            if self._needs_directory(partition):
+            if self._known.needs_row(partition):
                 partitions[partition] = None
         # Versions here are random, never counters, so reserving is only
         # bookkeeping for a later export; it is written before the items.
         await self.reserve_versions(item.version for item in items)
         client = await self.client()
-        if partitions:
+        if partitions:  # (an import target is quiesced: no erasure runs meanwhile)
             entries = [bulk.directory_item(p) for p in partitions]
+            sent = self._known.now()
             await bulk.batch_put(client, self.table, entries, self.retry, self._bulk_gate)
-            self._remember(list(partitions))
+            self._known.remember(partitions, sent)
         await bulk.batch_put(client, self.table, puts, self.retry, self._bulk_gate)
 
     async def reserve_versions(self, tokens: Iterable[str]) -> None:
@@ -307,11 +299,15 @@ class DynamoStorage(Storage):
         if condition is not None:
             condition.apply(request)
             request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-        with_directory = (condition is None or condition.may_create) and self._needs_directory(partition)
+        may_create = condition is None or condition.may_create
+        known_until = self._known.valid_until(partition) if may_create else float("inf")
         token = uuid.uuid4().hex
         client = await self.client()
 
         async def attempt(after_ambiguous: bool) -> CasResult:
+            # decided per attempt, right before sending: a slow call never relies on an expired entry
+            with_directory = self._known.expired(known_until)
+            sent = self._known.now()
             try:
                 if with_directory:
                     await client.transact_write_items(
@@ -331,7 +327,7 @@ class DynamoStorage(Storage):
                     raise Ambiguous("the condition no longer holds; an earlier attempt may have applied") from exc
                 return CasResult(False, current.version if current else None, current)
             if with_directory:
-                self._remember([partition])
+                self._known.remember([partition], sent)
             return CasResult(True, version)
 
         return await with_retries(self.retry, attempt, what="PutItem", write=True)
@@ -372,6 +368,7 @@ class DynamoStorage(Storage):
         entries: list[dict[str, Any] | None] = []  # per operation; None: a check with no condition
         versions: list[str | None] = []
         new_partitions: list[str] = []
+        trusted: dict[str, float] = {}  # partitions written on the strength of a remembered entry
         for check in checks:
             _, key_attrs = self.codec.key_attributes(check.key)
             condition = Condition.of(check.expect)
@@ -391,8 +388,12 @@ class DynamoStorage(Storage):
                     body["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
                 entries.append({"Put": condition.apply(body)})
                 versions.append(version)
-                if condition.may_create and self._needs_directory(partition) and partition not in new_partitions:
-                    new_partitions.append(partition)
+                if condition.may_create and partition not in new_partitions:
+                    until = self._known.valid_until(partition)
+                    if until == 0.0:
+                        new_partitions.append(partition)
+                    else:
+                        trusted[partition] = until
             else:
                 assert isinstance(write, Delete)
                 body = {"TableName": self.table, "Key": key_attrs}
@@ -411,6 +412,12 @@ class DynamoStorage(Storage):
         client = await self.client()
 
         async def attempt(after_ambiguous: bool) -> TxnResult:
+            expired = [p for p, until in trusted.items() if self._known.expired(until)]
+            if expired:  # a slow call: the entries it relied on expired, write them first
+                await self._write_directory(expired)
+                for p in expired:
+                    del trusted[p]
+            sent = self._known.now()
             try:
                 await client.transact_write_items(TransactItems=items, ClientRequestToken=token)
             except ClientError as exc:
@@ -426,7 +433,7 @@ class DynamoStorage(Storage):
                 if after_ambiguous:
                     raise Ambiguous("a condition no longer holds; an earlier attempt may have applied") from exc
                 return TxnResult(False, failed=failed, found=_found(reasons, operations))
-            self._remember(new_partitions)
+            self._known.remember(new_partitions, sent)
             return TxnResult(True, tuple(versions))
 
         return await with_retries(self.retry, attempt, what="TransactWriteItems", write=True)
@@ -455,13 +462,49 @@ class DynamoStorage(Storage):
     async def _write_directory(self, partitions: Sequence[str]) -> None:
         """Directory entries ahead of a transaction too large to carry them."""
         client = await self.client()
+        sent = self._known.now()
         for start in range(0, len(partitions), MAX_TRANSACT_ITEMS):
             chunk = [directory_put(self.table, p) for p in partitions[start:start + MAX_TRANSACT_ITEMS]]
             await with_retries(
                 self.retry, lambda _: client.transact_write_items(TransactItems=chunk),
                 what="TransactWriteItems", write=True,
             )
-        self._remember(partitions)
+        self._known.remember(partitions, sent)
+
+    # -- erasure: the partition directory (directory.py) ----------------------
+    @property
+    def partition_settle_seconds(self) -> float:  # type: ignore[override]
+        """Every replica's memory of a removed entry expires within the TTL,
+        and a write sent just before that lands within one attempt's time."""
+        return self._known.ttl + self._in_flight
+
+    async def partitions_under(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> list[str]:
+        return await directory.names_under(self._query, prefix, start_after, limit)
+
+    async def forget_partitions(self, names: Sequence[str]) -> None:
+        self._known.forget(names)
+        client = await self.client()
+
+        async def delete(name: str) -> None:
+            await with_retries(  # a blind delete: sending it twice is harmless
+                self.retry, lambda _: client.delete_item(TableName=self.table, Key=directory.row_key(name)),
+                what="DeleteItem", write=False,
+            )
+
+        await directory.each(names, delete)
+
+    async def settle_partitions(self, names: Sequence[str]) -> int:
+        occupied = await directory.occupied(self._query, names)
+        client = await self.client()
+
+        async def put_back(name: str) -> None:  # a write raced the erasure: list its partition again
+            await with_retries(
+                self.retry, lambda _: client.put_item(TableName=self.table, Item=directory.row_key(name)),
+                what="PutItem", write=False,
+            )
+
+        await directory.each(occupied, put_back)
+        return len(occupied)
 
 
 def _found(reasons: list[dict[str, Any]], operations: list[tuple[int, dict[str, Any]]]) -> dict[int, Item | None]:

@@ -34,7 +34,10 @@ export interface ErasureOperation {
   agent: string;
   /**
    * What it does now: "fence" (tombstoning sessions), "sweep" (removing
-   * keys), "done".
+   * keys), "directory" (removing what the backend keeps besides items that
+   * names the scope: DynamoDB's partition-directory rows; this waits the
+   * backend's partition cache TTL, 30 s + one request's timeouts by
+   * default), "done".
    */
   phase: string;
   /** Sessions fenced so far. */
