@@ -1,7 +1,7 @@
 """Where a call's server CPU goes, layer by layer (docs/performance.md).
 
-The grpc transport's share is the bare echo server's CPU per call (bench/kv.py
-prints it). Everything fencepost adds on top runs in the method handler the
+The grpc transport's share is the floor's CPU per call (a KvService that
+stores nothing, bench/echo_server.py; bench/kv.py prints it). Everything fencepost adds on top runs in the method handler the
 server looks up for the call, so that is driven here in process, without
 gRPC, 64 calls in flight on the event loop, and timed as CPU per call
 (`time.process_time`, which includes the SQLite writer thread) in variants
@@ -32,8 +32,10 @@ from google.protobuf import duration_pb2
 from fencepost.v1 import journal_pb2, kv_pb2, ledger_pb2
 from fencepost_server import app as app_module
 from fencepost_server.api.base import NullObserver, _caller
+from fencepost_server.api.wire import tolerant_handlers
 from fencepost_server.auth import DefaultTenantAuthenticator
 from fencepost_server.config import Settings
+from fencepost_server.domain.paging import PageTokens
 from fencepost_server.domain.requests import RequestLog
 from fencepost_server.observability import Metrics
 from fencepost_server.storage import Storage
@@ -55,7 +57,7 @@ class _Handlers:
         self.generic: list[grpc.GenericRpcHandler] = []
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self.generic.extend(handlers)
+        self.generic.extend(tolerant_handlers(handlers))  # as app.HandlerRegistry registers them
 
     def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
         pass
@@ -77,7 +79,7 @@ def _handlers(storage: Storage, metrics: bool) -> _Handlers:
         observed, observer = ObservedStorage(storage, m.backend_call), m
     settings = Settings(ledger_janitor=False)
     ctx = app_module.AppContext(settings, observed, DefaultTenantAuthenticator(), observer, RequestLog(observed),
-                                lambda *a: None)
+                                lambda *a: None, PageTokens.of_deployment(observed))
     registry = _Handlers()
     for build in app_module._SERVICES:
         build(ctx, registry)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -62,11 +62,56 @@ async def measure_for(call: Callable[[int], Awaitable[object]], *, concurrency: 
     caller's own slot, so per-slot state never races) for `warmup` and then
     `seconds` seconds; latencies and (with `cpu`, a reader of the server's CPU
     seconds) the server's CPU per call count only the measured part."""
-    latencies: list[float] = []
+    return (await measure_interleaved([(call, cpu)], concurrency=concurrency, seconds=seconds,
+                                      warmup=warmup, slices=1))[0]
+
+
+async def measure_interleaved(targets: list[tuple[Callable[[int], Awaitable[object]], Callable[[], float] | None]],
+                              *, concurrency: int, seconds: float, warmup: float = 0.5,
+                              slices: int = 1) -> list[Result]:
+    """`measure_for` of several targets at once, taking turns: `slices` turns
+    of `seconds / slices` each (after one `warmup` each, and a short re-warm-up
+    before every later turn), so whatever else runs on this shared machine
+    lands on every target alike and their ratios are taken at one moment
+    (the order rotates from turn to turn). Each target's figures sum its turns."""
+    totals = [_Totals() for _ in targets]
+    order = list(range(len(targets)))
+    for turn in range(slices):
+        for k in order[turn % len(order):] + order[:turn % len(order)]:  # each turn starts with the next target
+            call, cpu = targets[k]
+            await _closed_loop(call, concurrency, seconds / slices, warmup if turn == 0 else _REWARM, cpu, totals[k])
+    return [t.result(cpu is not None) for t, (_, cpu) in zip(totals, targets)]
+
+
+#: before each later turn of an interleaved measurement: time for the loop to fill again
+_REWARM = 0.05
+
+
+@dataclass
+class _Totals:
+    seconds: float = 0.0
+    cpu: float = 0.0
+    client: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    #: calls issued per caller slot, carried across turns (each slot's i keeps counting)
+    issued: list[int] = field(default_factory=list)
+
+    def result(self, with_cpu: bool) -> Result:
+        latencies = sorted(self.latencies)
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        result = Result(len(latencies), self.seconds, statistics.median(latencies) * 1e3, p99 * 1e3)
+        result.cpu_us = self.cpu / len(latencies) * 1e6 if with_cpu else None
+        result.client_us = self.client / len(latencies) * 1e6
+        return result
+
+
+async def _closed_loop(call: Callable[[int], Awaitable[object]], concurrency: int, seconds: float, warmup: float,
+                       cpu: Callable[[], float] | None, total: _Totals) -> None:
+    latencies = total.latencies
     clock = time.perf_counter
     measuring = False
     stop_at = clock() + warmup
-    issued = [0] * concurrency
+    issued = total.issued = total.issued or [0] * concurrency
 
     async def caller(slot: int) -> None:
         # caller `slot` issues i = slot, slot + concurrency, ...: i % concurrency is its own
@@ -87,15 +132,9 @@ async def measure_for(call: Callable[[int], Awaitable[object]], *, concurrency: 
     started = clock()
     stop_at = started + seconds
     await asyncio.gather(*(caller(slot) for slot in range(concurrency)))
-    elapsed = clock() - started
-    client_used = time.process_time() - client0
-    cpu_used = (cpu() - cpu0) if cpu else 0.0
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    result = Result(len(latencies), elapsed, statistics.median(latencies) * 1e3, p99 * 1e3)
-    result.cpu_us = cpu_used / len(latencies) * 1e6 if cpu else None
-    result.client_us = client_used / len(latencies) * 1e6
-    return result
+    total.seconds += clock() - started
+    total.client += time.process_time() - client0
+    total.cpu += (cpu() - cpu0) if cpu else 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -103,14 +142,35 @@ def cpu_seconds(pid: int) -> float:
     (a `--workers` supervisor's workers), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for p in [pid, *_children(pid)]:
+    for p in [pid, *children(pid)]:
         with contextlib.suppress(OSError):
             fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
 
 
-def _children(pid: int) -> list[int]:
+def connections_per_process(pids: list[int], port: int) -> dict[int, int]:
+    """Established TCP connections on local `port` held by each of `pids` (from /proc)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                    inodes.add(f"socket:[{fields[9]}]")
+    counts = {}
+    for pid in pids:
+        n = 0
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    n += os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+        counts[pid] = n
+    return counts
+
+
+def children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
     return []

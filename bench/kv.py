@@ -2,14 +2,16 @@
 
 Every server runs in a process of its own (so its CPU time per call can be
 read from /proc) next to one client process driving all of them with the same
-closed-loop harness: a bare grpc.aio echo server (the floor), fencepost over
+closed-loop harness and the same generated stubs and messages: a bare
+grpc.aio KvService that stores nothing (bench/echo_server.py, the floor; each
+op is compared with the same op on it), fencepost over
 memory:// and over SQLite through raw stubs, SQLite through the SDK, fenced
 ledger commits, and SQLite with `--workers 2` against the same server with one
 worker over several client channels. Each round measures the figures a target
-compares back to back (echo, memory, SQLite, SDK for one op), so a ratio is
-taken at one moment of this shared machine; a target's value is the median
-of its per-round ratios (each round's values are printed too), then backend
-calls per RPC.
+compares together (echo, memory, SQLite, SDK for one op), taking turns of
+SECONDS / TURNS each, so a ratio is taken at one moment of this shared
+machine; a target's value is the median of its per-round ratios (each round's
+values are printed too), then backend calls per RPC.
 
     python -m bench kv     FENCEPOST_BENCH_SECONDS=0.5 FENCEPOST_BENCH_ROUNDS=1 for a quick look
 """
@@ -33,13 +35,25 @@ from fencepost_server.config import Settings
 from fencepost_server.storage.counting import CountingStorage
 from fencepost_server.storage.memory import MemoryStorage
 
-from .harness import Reporter, Result, cpu_seconds, fencepost_server, free_port, measure_for, subprocess_server
+from .harness import (
+    Reporter,
+    Result,
+    children,
+    connections_per_process,
+    cpu_seconds,
+    fencepost_server,
+    free_port,
+    measure_interleaved,
+    subprocess_server,
+)
 
 VALUE = b"v" * 200
 KEYS = 1000
 SECONDS = float(os.environ.get("FENCEPOST_BENCH_SECONDS", "1.5"))
 WARMUP = 0.3
 ROUNDS = int(os.environ.get("FENCEPOST_BENCH_ROUNDS", "5"))
+#: turns per figure and round: the figures a target compares take turns of SECONDS / TURNS
+TURNS = int(os.environ.get("FENCEPOST_BENCH_TURNS", "5"))
 CHANNELS = 4  # client channels (TCP connections) for the --workers comparison
 #: a channel of its own: grpc would otherwise share one connection among equal channels
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -106,23 +120,27 @@ class _Targets:
 
     def __init__(self, ports: dict[str, int], pids: dict[str, int]) -> None:
         self.pids = pids
+        self.ports = ports
         self.channels = {
-            "echo": _channels(ports["echo"], 1), "memory": _channels(ports["memory"], 1),
+            "echo": _channels(ports["echo"], 1), "echo 2": _channels(ports["echo2"], 1),
+            "memory": _channels(ports["memory"], 1),
             "sqlite": _channels(ports["sqlite"], 1), "sqlite 1 worker": _channels(ports["sqlite"], CHANNELS),
             "sqlite 2 workers": _channels(ports["workers"], CHANNELS),
         }
-        self.server = {"echo": "echo", "memory": "memory", "sqlite": "sqlite", "sqlite 1 worker": "sqlite",
-                       "sqlite 2 workers": "workers", "sqlite sdk": "sqlite", "sqlite ledger": "sqlite"}
+        self.server = {"echo": "echo", "echo 2": "echo2", "memory": "memory", "sqlite": "sqlite",
+                       "sqlite 1 worker": "sqlite", "sqlite 2 workers": "workers", "sqlite sdk": "sqlite",
+                       "sqlite ledger": "sqlite"}
         self.sdk = fencepost.AsyncClient(f"127.0.0.1:{ports['sqlite']}")
         self.sessions: list[list[Any]] = []
 
-    async def measure(self, target: str, op: str, conc: int) -> Result:
-        if target == "echo":
-            echo = self.channels["echo"][0].unary_unary("/bench.Echo/Echo")
+    async def measure(self, group: list[tuple[str, str, int]]) -> list[Result]:
+        """The figures of one group (one concurrency), measured in turns."""
+        prepared = [await self._prepare(*key) for key in group]
+        return await measure_interleaved(prepared, concurrency=group[0][2], seconds=SECONDS, warmup=WARMUP,
+                                         slices=TURNS)
 
-            async def call(i: int) -> None:
-                await echo(VALUE)
-        elif target == "sqlite sdk":
+    async def _prepare(self, target: str, op: str, conc: int) -> tuple[Call, Callable[[], float]]:
+        if target == "sqlite sdk":
             call = _sdk_ops(self.sdk, conc)[op]
         elif target == "sqlite ledger":
             call = await self._commit_call(conc)
@@ -132,8 +150,7 @@ class _Targets:
         if seed is not None:
             await seed()
         pid = self.pids[self.server[target]]
-        return await measure_for(call, concurrency=conc, seconds=SECONDS, warmup=WARMUP,
-                                 cpu=lambda: cpu_seconds(pid))
+        return call, lambda: cpu_seconds(pid)
 
     async def _commit_call(self, conc: int) -> Call:
         """Fenced commits (one 200-byte record and a commit id: what the SDK
@@ -156,19 +173,34 @@ class _Targets:
 
         return commit
 
+    async def reconnect_workers(self) -> None:
+        """New connections for the --workers comparison: the kernel hashes each
+        connection to one worker (SO_REUSEPORT), so with 4 connections a round
+        may see them split 2:2, 3:1 or 4:0; every round draws again."""
+        for target, server in (("sqlite 1 worker", "sqlite"), ("sqlite 2 workers", "workers")):
+            await _close(self.channels[target])
+            self.channels[target] = _channels(self.ports[server], CHANNELS)
+
+    def worker_split(self) -> str:
+        """How the open connections to the --workers server fall on its workers, e.g. "3:1"."""
+        counts = connections_per_process(children(self.pids["workers"]), self.ports["workers"])
+        return ":".join(str(n) for n in sorted(counts.values(), reverse=True))
+
     async def close(self) -> None:
         for chs in self.channels.values():
             await _close(chs)
         await self.sdk.close()
 
 
-#: the measurements of one round, in order: each group is measured back to back,
+#: the measurements of one round, in order: the figures of a group take turns,
 #: so the ratios within a group see the same moment of this shared machine
 def _groups() -> list[list[tuple[str, str, int]]]:
     groups: list[list[tuple[str, str, int]]] = []
     for conc in (1, 64):
         for op in ("put", "get", "cas"):
-            group = [("echo", "echo", conc), ("memory", op, conc), ("sqlite", op, conc)]
+            group = [("echo", op, conc), ("memory", op, conc), ("sqlite", op, conc)]
+            if conc == 64 and op == "put":
+                group.append(("echo 2", op, conc))  # the control: a second, identical floor server
             if conc == 64:
                 group.append(("sqlite sdk", op, conc))
                 if op == "put":
@@ -206,14 +238,14 @@ def _target_list() -> list[Target]:
     out: list[Target] = []
     for op in ("put", "get", "cas"):
         out.append((f"memory {op} / echo, 64 in flight",
-                    lambda f, op=op: rate(f, "memory", op, 64) / rate(f, "echo", "echo", 64), ">= 0.90",
+                    lambda f, op=op: rate(f, "memory", op, 64) / rate(f, "echo", op, 64), ">= 0.90",
                     lambda v: v >= 0.90))
     for op, bound in (("put", 0.90), ("get", 0.90), ("cas", 0.85)):
         out.append((f"sqlite {op} / memory {op}, 64 in flight",
                     lambda f, op=op: rate(f, "sqlite", op, 64) / rate(f, "memory", op, 64), f">= {bound:.2f}",
                     lambda v, bound=bound: v >= bound))
-    out.append(("sqlite put p50 - echo p50 (ms), 1 in flight",
-                lambda f: p50(f, "sqlite", "put", 1) - p50(f, "echo", "echo", 1), "<= 0.40", lambda v: v <= 0.40))
+    out.append(("sqlite put p50 - echo put p50 (ms), 1 in flight",
+                lambda f: p50(f, "sqlite", "put", 1) - p50(f, "echo", "put", 1), "<= 0.40", lambda v: v <= 0.40))
     out.append(("sqlite get p50 / memory get p50, 1 in flight",
                 lambda f: p50(f, "sqlite", "get", 1) / p50(f, "memory", "get", 1), "<= 1.10", lambda v: v <= 1.10))
     for op in ("put", "get", "cas"):
@@ -234,21 +266,24 @@ async def run(report: Reporter) -> None:
     """Rounds of back-to-back groups; each figure and each target's ratio is
     the median over the rounds of its per-round value."""
     runs: list[Figures] = []
-    ports = {name: free_port() for name in ("echo", "memory", "sqlite", "workers")}
+    splits: list[str] = []  # per round: the 4 connections over the 2 workers
+    ports = {name: free_port() for name in ("echo", "echo2", "memory", "sqlite", "workers")}
     with tempfile.TemporaryDirectory() as tmp, \
             subprocess_server(["-m", "bench.echo_server", str(ports["echo"])], ports["echo"]) as echo, \
+            subprocess_server(["-m", "bench.echo_server", str(ports["echo2"])], ports["echo2"]) as echo2, \
             fencepost_server(ports["memory"], "memory://") as memory, \
             fencepost_server(ports["sqlite"], f"sqlite://{Path(tmp) / 'bench.db'}") as sqlite, \
             fencepost_server(ports["workers"], f"sqlite://{Path(tmp) / 'workers.db'}", workers=2) as workers:
-        targets = _Targets(ports, {"echo": echo.pid, "memory": memory.pid, "sqlite": sqlite.pid,
-                                   "workers": workers.pid})
+        targets = _Targets(ports, {"echo": echo.pid, "echo2": echo2.pid, "memory": memory.pid,
+                                   "sqlite": sqlite.pid, "workers": workers.pid})
         try:
             for _ in range(ROUNDS):
                 figures: Figures = {}
+                await targets.reconnect_workers()
                 for group in _groups():
-                    for key in group:
-                        figures[key] = await targets.measure(*key)
+                    figures.update(zip(group, await targets.measure(group)))
                 runs.append(figures)
+                splits.append(targets.worker_split())
         finally:
             await targets.close()
     for key in runs[0]:
@@ -263,6 +298,10 @@ async def run(report: Reporter) -> None:
         value = _median(values)
         report(f"target: {name}", value=round(value, 3), bound=bound, result="PASS" if check(value) else "FAIL",
                rounds=" ".join(f"{v:.2f}" for v in values))
+    control = [r[("echo 2", "put", 64)].rate / r[("echo", "put", 64)].rate for r in runs]
+    report("control: a second floor server / the floor, put 64 in flight (1.00 but for noise)",
+           value=round(_median(control), 3), rounds=" ".join(f"{v:.2f}" for v in control))
+    report(f"--workers 2: {CHANNELS} connections over the workers", rounds=" ".join(splits))
     await backend_calls_per_rpc(report)
 
 

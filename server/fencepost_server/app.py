@@ -97,18 +97,37 @@ class HandlerRegistry:
     method and runs `asyncio.wait` over all of them for every incoming RPC:
     with this server's ~70 methods that cost more than the handlers
     themselves. Generic handlers share one call request, so only they are
-    registered (method lookup is then a dict hit per service)."""
+    registered. grpc then asks each generic handler in turn for every call,
+    so every service's handler sits behind one (`_Services`), whose methods
+    are found once and then with one dict hit per call, whatever the service.
+    """
 
     def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._services = _Services()
         # Tolerant deserializers: undecodable bytes are refused by the servicer
         # with a documented reason, not answered UNKNOWN by grpc (api/wire.py).
-        self._server.add_generic_rpc_handlers(tolerant_handlers(handlers))
+        server.add_generic_rpc_handlers(tolerant_handlers([self._services]))
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._services.handlers.extend(handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         """Covered by the generic handler registered alongside."""
+
+
+class _Services(grpc.GenericRpcHandler):
+    """The generic handlers of every service, asked in turn (the tolerant
+    wrapper around it remembers what each method resolved to)."""
+
+    def __init__(self) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = []
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        for handler in self.handlers:
+            found = handler.service(handler_call_details)
+            if found is not None:
+                return found
+        return None
 
 
 ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -193,6 +194,13 @@ class _Keys:
         return f"{self.segments(gen)}{seq:010d}"
 
 
+@functools.lru_cache(maxsize=4096)
+def _keys(tenant: str, agent: str) -> _Keys:
+    """An agent's journal keys, built once while cached (segment encoding is a
+    measurable part of an append); _Keys is never modified after it is built."""
+    return _Keys(tenant, agent)
+
+
 def check_agent(agent: str, field: str) -> None:
     problem = agent_name_problem(agent)
     if problem is not None:
@@ -292,7 +300,7 @@ class Journal:
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id")
         entry = Entry(self.ids.next(), request_id, line)
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         if not request_id:
             await self.storage.put(keys.tail + entry.id, entry.encode())
         else:
@@ -336,7 +344,7 @@ class Journal:
         rotation in between (generation changed) re-runs the read. Records
         are de-duplicated by id and by request id and returned in id order."""
         check_agent(agent, field)
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         if flush:
             with contextlib.suppress(Exception):  # a failed flush never fails the read
                 await self.flush(tenant, agent, max_steps=READ_FLUSH_STEPS)
@@ -359,7 +367,7 @@ class Journal:
         """Retention: delete the archives rotated before `before_ms`, segments
         first and the archive marker last, so a crash mid-way leaves a listed
         archive that the next pass deletes again. Returns how many went."""
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         removed = 0
         for item in await self._list_all(keys.archive):
             info = json.loads(item.value)
@@ -372,7 +380,7 @@ class Journal:
 
     async def list_archives(self, tenant: str, agent: str, size: int = 0, token: str = "") -> ArchivePage:
         check_agent(agent, "agent")
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         limit = page_size(self.limits, size)
         listing = ("journal.list_archives", agent)
         after = await self.pages.resume(tenant, listing, token)
@@ -383,7 +391,7 @@ class Journal:
 
     async def read_archive(self, tenant: str, agent: str, name: str) -> tuple[ArchiveInfo, JournalView]:
         check_agent(agent, "agent")
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         item = await self.storage.get(keys.archive + name) if name and "/" not in name else None
         if item is None:
             raise NotFound(reasons.ARCHIVE_NOT_FOUND, f"no archive named {name!r}", {"name": name, "agent": agent})
@@ -413,7 +421,7 @@ class Journal:
 
     async def flush(self, tenant: str, agent: str, *, max_steps: int = BACKGROUND_FLUSH_STEPS) -> FlushOutcome:
         """Fold the whole tail into segments under the flush lease."""
-        keys = _Keys(tenant, agent)
+        keys = _keys(tenant, agent)
         held = await self._acquire(keys)
         if held is None:
             return FlushOutcome(0, 0, True)

@@ -57,13 +57,19 @@ class _RandomHex(threading.local):
 _random_hex = _RandomHex()
 
 
+def _plain(text: str) -> bool:
+    """JSON writes `text` as it is between quotes (nothing to escape)."""
+    return text.isascii() and text.replace("-", "").replace(".", "").replace("_", "").isalnum() or not text
+
+
 def _outcome_json(versions: Sequence[str | None], failed: Sequence[int], note: str = "") -> bytes:
     """`json.dumps({"v": versions, "f": failed[, "n": note]})`, byte for byte,
-    without the encoder's per-call set-up for the common case (no note,
-    versions of letters and digits, ASCII); anything else goes through json."""
-    if not note and all(v is None or (v.isascii() and v.isalnum()) for v in versions):
+    without the encoder's per-call set-up for the common case (versions and
+    note of letters, digits and `-._`, ASCII); anything else goes through json."""
+    if _plain(note) and all(v is None or (v.isascii() and v.isalnum()) for v in versions):
         v = ", ".join("null" if v is None else f'"{v}"' for v in versions)
-        return f'{{"v": [{v}], "f": [{", ".join(str(int(i)) for i in failed)}]}}'.encode()
+        n = f', "n": "{note}"' if note else ""
+        return f'{{"v": [{v}], "f": [{", ".join(str(int(i)) for i in failed)}]{n}}}'.encode()
     outcome: dict[str, object] = {"v": list(versions), "f": list(failed)}
     if note:
         outcome["n"] = note

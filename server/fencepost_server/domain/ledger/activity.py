@@ -45,12 +45,13 @@ GetSession, a replayed commit, and retention before it judges the session idle.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError, Write
 from ..errors import NotFound
 from .core import LedgerBase, log
-from .layout import Meta, SessionKeys, activity_micros, dumps
+from .layout import Meta, SessionKeys, activity_micros, json_str
 
 #: Session keys longer than this stay out of the index (the listing reads meta).
 KEY_IN_INDEX_BYTES = 1024
@@ -92,31 +93,34 @@ class Activity:
         w = d.get("w")
         return Activity(
             activity_micros(d), int(d["s"]), None if size is None else int(size), d.get("k"),
-            tuple(int(u) for u in d.get("p", ())),
+            tuple(map(int, d.get("p", ()))),
             None if w is None else (int(w["s"]), int(w["b"]), int(w["u"])),
         )
 
+    # The encodings below are `dumps` of the dicts they name, byte for byte
+    # (sorted keys, no spaces, ASCII), spelled out because every commit
+    # writes them and the generic encoder costs several times more.
     def act_value(self) -> bytes:
-        d: dict[str, object] = {"t": self.micros / 1e6, "u": self.micros, "s": self.seq}
-        if self.size is not None:
-            d["b"] = self.size
+        """dumps({"b", "k", "p", "s", "t": µs / 1e6, "u", "w": {"b", "s", "u"}}), absent fields left out."""
+        parts = [] if self.size is None else [f'"b":{self.size}']
         if self.key is not None:
-            d["k"] = self.key
+            parts.append('"k":' + json_str(self.key))
         if self.kept:
-            d["p"] = list(self.kept)
+            parts.append('"p":[' + ",".join(map(str, self.kept)) + "]")
+        parts.append(f'"s":{self.seq},"t":{self.micros / 1e6!r},"u":{self.micros}')
         if self.owed:
-            d["w"] = {"s": self.owed[0], "b": self.owed[1], "u": self.owed[2]}
-        return dumps(d)
+            parts.append(f'"w":{{"b":{self.owed[1]},"s":{self.owed[0]},"u":{self.owed[2]}}}')
+        return ("{" + ",".join(parts) + "}").encode()
 
     def entry_value(self, superseded_at: int | None = None) -> bytes:
-        d: dict[str, object] = {"s": self.seq}
-        if self.size is not None:
-            d["b"] = self.size
+        """dumps({"b", "k", "n", "s"}), absent fields left out."""
+        parts = [] if self.size is None else [f'"b":{self.size}']
         if self.key is not None:
-            d["k"] = self.key
+            parts.append('"k":' + json_str(self.key))
         if superseded_at is not None:
-            d["n"] = superseded_at
-        return dumps(d)
+            parts.append(f'"n":{superseded_at}')
+        parts.append(f'"s":{self.seq}')
+        return ("{" + ",".join(parts) + "}").encode()
 
 
 def indexed_key(session_key: str) -> str | None:
@@ -129,11 +133,13 @@ def creation_writes(sk: SessionKeys, act: Activity) -> list[Write]:
 
 
 class ActivityMethods(LedgerBase):
-    def remember_activity(self, sk: SessionKeys, value: bytes | None) -> None:
+    def remember_activity(self, sk: SessionKeys, value: bytes | None, act: Activity | None = None) -> None:
+        """Remember the act/ value last seen or written (None: forget it), with
+        its decoding when the caller has it (saves decoding it again)."""
         if value is None:
             self._acts.drop(sk.act)
         else:
-            self._acts.put(sk.act, value)
+            self._acts.put(sk.act, (value, act))
 
     async def prior_activity(
         self, tenant: str, sk: SessionKeys, expected_seq: int
@@ -141,14 +147,16 @@ class ActivityMethods(LedgerBase):
         """The act/ value a write at `expected_seq` replaces: remembered, or
         read once (None: there is none, the session is gone). Legacy items (no
         size or key yet) are completed here, once."""
-        value = self._acts.get(sk.act)
-        act = Activity.decode(value) if isinstance(value, bytes) else None
+        cached = self._acts.get(sk.act)
+        value, act = cached if isinstance(cached, tuple) else (None, None)
+        if value is not None and act is None:
+            act = Activity.decode(value)
         if act is None or act.head_seq != expected_seq:
             item = await self.storage.get(sk.act)
             if item is None:
                 return None
             value, act = item.value, Activity.decode(item.value)
-            self.remember_activity(sk, value)
+            self.remember_activity(sk, value, act)
         assert isinstance(value, bytes) and act is not None
         if act.size is None:
             try:
@@ -165,38 +173,43 @@ class ActivityMethods(LedgerBase):
 
     def advance_writes(
         self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int, room: int
-    ) -> tuple[list[Write], bytes]:
+    ) -> tuple[list[Write], bytes, Activity]:
         """The writes that move the session's activity to now (see the module
-        docstring), deleting at most `room` expired entries; and the new act/ value.
-        From a value that owes the index a commit, the move starts from the
-        owed seq and size and lands after the owed time."""
+        docstring), deleting at most `room` expired entries; the new act/ value
+        and its decoding. From a value that owes the index a commit, the move
+        starts from the owed seq and size and lands after the owed time."""
         now = int(self.clock() * 1e6)
         micros = max(now, old.last_micros + 1)
         horizon = now - int(self.config.listing_horizon * 1e6)
-        kept = [*old.kept, old.micros]
-        successors = kept[1:] + [micros]
-        expired = {u for u, n in zip(kept, successors, strict=True) if n <= horizon}
-        overflow = set(kept[: max(0, len(kept) - MAX_KEPT)])
-        dropped = [u for u in kept if u in expired or u in overflow][:room]
-        new = Activity(micros, seq, (old.head_size or 0) + added_bytes, old.key,
-                       tuple(u for u in kept if u not in dropped))
+        kept = (*old.kept, old.micros)
+        # Entry i is superseded at kept[i + 1] (the last one at `micros`), and
+        # kept only ascends (activity only moves forward), so the entries to
+        # drop, expired ones (superseded by the horizon) and the oldest past
+        # MAX_KEPT, are a prefix of kept.
+        expired = bisect_right(kept, horizon, 1) - 1
+        if expired == len(kept) - 1 and micros <= horizon:
+            expired += 1
+        dropped = min(max(expired, len(kept) - MAX_KEPT), max(room, 0))
+        new = Activity(micros, seq, (old.head_size or 0) + added_bytes, old.key, kept[dropped:])
+        new_value = new.act_value()
         writes: list[Write] = [
-            Put(sk.act, new.act_value(), Expect(value=old_value)),
+            Put(sk.act, new_value, Expect(value=old_value)),
             Put(sk.index_key(micros), new.entry_value()),
         ]
-        if old.micros not in dropped:
+        if dropped < len(kept):  # the entry it supersedes stays, marked superseded now
             writes.append(Put(sk.index_key(old.micros), old.entry_value(micros)))
-        writes += [Delete(sk.index_key(u)) for u in dropped]
-        return writes, new.act_value()
+        writes += [Delete(sk.index_key(u)) for u in kept[:dropped]]
+        return writes, new_value, new
 
     def deferred_writes(
         self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int
-    ) -> tuple[list[Write], bytes]:
+    ) -> tuple[list[Write], bytes, Activity]:
         """The one write of a commit with no room for the index: act/ keeps the
         index's view and owes it the commit (`w`, module docstring)."""
         micros = max(int(self.clock() * 1e6), old.last_micros + 1)
         new = replace(old, owed=(seq, (old.head_size or 0) + added_bytes, micros))
-        return [Put(sk.act, new.act_value(), Expect(value=old_value))], new.act_value()
+        new_value = new.act_value()
+        return [Put(sk.act, new_value, Expect(value=old_value))], new_value, new
 
     async def settle_index(self, sk: SessionKeys, value: bytes) -> bytes:
         """Write the index entries act/ `value` owes (conditioned on act/ still
@@ -205,12 +218,13 @@ class ActivityMethods(LedgerBase):
         act = Activity.decode(value)
         if act.owed is None:
             return value
-        writes, new_value = self.advance_writes(sk, value, act, act.owed[0], 0, MAX_TXN_OPS - ACTIVITY_OPS)
+        writes, new_value, new = self.advance_writes(
+            sk, value, act, act.owed[0], 0, MAX_TXN_OPS - ACTIVITY_OPS)
         res = await self.storage.transact((), writes)
         if not res.applied:
             self.remember_activity(sk, None)
             return value
-        self.remember_activity(sk, new_value)
+        self.remember_activity(sk, new_value, new)
         return new_value
 
     async def settle_quietly(self, sk: SessionKeys, value: bytes) -> bytes:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fencepost import reasons
@@ -37,8 +37,8 @@ from fencepost import reasons
 from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
-from .core import MAX_CONSUMED, MAX_RECORDS, bad, contended
-from .layout import check_inbox_id, dumps, gen_value, parse_seq, seq_value, session_not_found
+from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended
+from .layout import check_inbox_id, gen_value, parse_seq, seq_value, session_not_found
 
 
 #: The response's pending count stops here: it only has to say "run another turn".
@@ -61,6 +61,16 @@ def _fingerprint(expected_seq: int, records: Sequence[bytes], consume: Sequence[
         h.update(b"\x00" + c.encode())
     return h.hexdigest()
 
+
+def _marker(seq: int, fingerprint: str, when: int) -> bytes:
+    """dumps({"s": seq, "f": fingerprint, "t": when}), spelled out (a hex fingerprint needs no escaping)."""
+    return f'{{"f":"{fingerprint}","s":{seq},"t":{when}}}'.encode()
+
+
+def _key_bytes(keys: Iterable[str]) -> int:
+    return sum(map(len, map(str.encode, keys)))
+
+
 #: A commit whose remembered act/ value went stale is retried this often.
 _ATTEMPTS = 3
 
@@ -76,59 +86,40 @@ class CommitMethods(ActivityMethods):
         consume: Sequence[str] = (),
         commit_id: str = "",
     ) -> CommitResult:
-        for field_name, count, cap in (("records", len(records), MAX_RECORDS),
-                                       ("consume_inbox_ids", len(consume), MAX_CONSUMED)):
-            if count > cap:
-                raise InvalidArgument(
-                    reasons.COMMIT_TOO_LARGE,
-                    f"a commit holds at most {MAX_RECORDS} records and {MAX_CONSUMED} consumed ids "
-                    f"(got {len(records)} and {len(consume)})",
-                    {"limit": cap, "size": count, "records": len(records), "consumed": len(consume),
-                     "max_records": MAX_RECORDS, "max_consumed": MAX_CONSUMED},
-                    field=field_name,
-                )
-        for i, rec in enumerate(records):
-            if len(rec) > self.limits.max_value_bytes:
-                raise limit_error(
-                    reasons.RECORD_TOO_LARGE, f"records[{i}]", self.limits.max_value_bytes, len(rec),
-                    field="records",
-                )
-        for cid in consume:
-            check_inbox_id(cid, "consume_inbox_ids")
-        if len(set(consume)) != len(consume):
-            raise bad("consume_inbox_ids", "consume_inbox_ids names one id twice")
-        if expected_seq < 0:
-            raise bad("expected_seq", "expected_seq must not be negative")
-        if len(commit_id) > 256:
-            raise bad("commit_id", "commit_id is longer than 256 characters")
-
+        self._check_commit(records, consume, expected_seq, commit_id)
         sk = self.keys(tenant, sid)
         new_seq = expected_seq + len(records)
-        fp = _fingerprint(expected_seq, records, consume)
+        # only an idempotent commit needs its fingerprint (the marker, and _why on a replay)
+        fp = _fingerprint(expected_seq, records, consume) if commit_id else ""
         checks = [Check(sk.gen, Expect(value=gen_value(generation, True)))]
         writes: list[Write] = [Put(sk.head, seq_value(new_seq), Expect(value=seq_value(expected_seq)))]
-        writes += [
-            Put(sk.log_key(expected_seq + 1 + i), rec, Expect(exists=False)) for i, rec in enumerate(records)
-        ]
-        writes += [Delete(sk.inbox_key(cid), Expect(exists=True)) for cid in consume]
+        log_key = sk.log_key
+        writes += [Put(log_key(expected_seq + 1 + i), rec, ABSENT) for i, rec in enumerate(records)]
+        if consume:
+            writes += [Delete(sk.inbox_key(cid), PRESENT) for cid in consume]
         if commit_id:
             # "t": when, so retention can sweep markers past their window (docs/lifecycle.md)
-            marker = dumps({"s": new_seq, "f": fp, "t": int(self.clock())})
-            writes.append(Put(sk.commit_key(commit_id), marker, Expect(exists=False)))
-        added = sum(len(r) for r in records)
+            writes.append(Put(sk.commit_key(commit_id), _marker(new_seq, fp, int(self.clock())), ABSENT))
+        added = sum(map(len, records))
         room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
+        # the transaction's bytes (validate_transaction's measure) without the activity writes
+        fixed_size = _key_bytes([sk.gen, *(w.key for w in writes)]) + len(writes[0].value) + added
+        if commit_id:
+            fixed_size += len(writes[-1].value)
         for _attempt in range(_ATTEMPTS):
             prior = await self.prior_activity(tenant, sk, expected_seq)
+            new_act = new_value = None
             if prior is None:  # the session is gone: the write fails and _why says how
-                ops, new_act, conds = writes, None, [*checks, Check(sk.act, Expect(exists=True))]
-            elif room < 0:  # no room for the index entries: they follow the commit
-                activity, new_act = self.deferred_writes(sk, *prior, new_seq, added)
-                ops, conds = [*writes, *activity], checks
+                ops, conds = writes, [*checks, Check(sk.act, PRESENT)]
+                size = fixed_size + len(sk.act.encode())
             else:
-                activity, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
+                if room < 0:  # no room for the index entries: they follow the commit
+                    activity, new_value, new_act = self.deferred_writes(sk, *prior, new_seq, added)
+                else:
+                    activity, new_value, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
                 ops, conds = [*writes, *activity], checks
-            size = sum(len(op.key.encode()) for op in (*conds, *ops))
-            size += sum(len(w.value) for w in ops if isinstance(w, Put))
+                size = fixed_size + _key_bytes(w.key for w in activity)
+                size += sum(len(w.value) for w in activity if type(w) is Put)
             if size > self.limits.max_txn_bytes:
                 raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
                                   field="records")
@@ -140,9 +131,9 @@ class CommitMethods(ActivityMethods):
                 self.remember_activity(sk, None)  # the outcome is unknown: re-read next time
                 raise
             if res.applied:
-                self.remember_activity(sk, new_act)
-                if room < 0 and new_act is not None:  # the second write (activity.py)
-                    await self.settle_quietly(sk, new_act)
+                self.remember_activity(sk, new_value, new_act)
+                if room < 0 and new_value is not None:  # the second write (activity.py)
+                    await self.settle_quietly(sk, new_value)
                 self.notify_commit(sid)
                 pending = res.count if res.count is not None else await self.pending_after_write(
                     sk, PENDING_COUNT_CAP)
@@ -157,6 +148,38 @@ class CommitMethods(ActivityMethods):
             if why is not None:
                 raise why
         raise contended("the commit")
+
+    def _check_commit(
+        self, records: Sequence[bytes], consume: Sequence[str], expected_seq: int, commit_id: str
+    ) -> None:
+        """INVALID_ARGUMENT for a commit no session could take, in this order."""
+        for field_name, count, cap in (("records", len(records), MAX_RECORDS),
+                                       ("consume_inbox_ids", len(consume), MAX_CONSUMED)):
+            if count > cap:
+                raise InvalidArgument(
+                    reasons.COMMIT_TOO_LARGE,
+                    f"a commit holds at most {MAX_RECORDS} records and {MAX_CONSUMED} consumed ids "
+                    f"(got {len(records)} and {len(consume)})",
+                    {"limit": cap, "size": count, "records": len(records), "consumed": len(consume),
+                     "max_records": MAX_RECORDS, "max_consumed": MAX_CONSUMED},
+                    field=field_name,
+                )
+        if records and max(map(len, records)) > self.limits.max_value_bytes:
+            for i, rec in enumerate(records):
+                if len(rec) > self.limits.max_value_bytes:
+                    raise limit_error(
+                        reasons.RECORD_TOO_LARGE, f"records[{i}]", self.limits.max_value_bytes, len(rec),
+                        field="records",
+                    )
+        if consume:
+            for cid in consume:
+                check_inbox_id(cid, "consume_inbox_ids")
+            if len(set(consume)) != len(consume):
+                raise bad("consume_inbox_ids", "consume_inbox_ids names one id twice")
+        if expected_seq < 0:
+            raise bad("expected_seq", "expected_seq must not be negative")
+        if len(commit_id) > 256:
+            raise bad("commit_id", "commit_id is longer than 256 characters")
 
     def notify_commit(self, sid: str) -> None:
         """Hook for watchers (nothing to do today)."""

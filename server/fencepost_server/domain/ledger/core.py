@@ -23,6 +23,9 @@ log = logging.getLogger("fencepost.ledger")
 MAX_RECORDS = 64
 MAX_CONSUMED = 32
 INBOX_COUNT_CAP = 10_000  # pending counts (GetSession, forced release) stop here
+#: The conditions hot paths name most, built once (Expect is immutable).
+ABSENT = Expect(exists=False)
+PRESENT = Expect(exists=True)
 
 
 @dataclass(frozen=True)

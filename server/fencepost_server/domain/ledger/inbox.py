@@ -10,19 +10,20 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Expect, Item, Put, Write
+from ...storage import Check, Item, Put, Write
 from ..errors import NotFound, limit_error
 from ..paging import page_size
-from .core import LedgerBase, bad, contended
+from .core import ABSENT, PRESENT, LedgerBase, bad, contended
 from .layout import (
     LeaseState,
     SessionKeys,
     decode_event,
-    dumps,
     encode_event,
+    encode_inline_event,
     gen_value,
     inbox_time,
     new_inbox_id,
+    pending_value,
     session_not_found,
 )
 from .leases import LeaseMethods
@@ -99,23 +100,23 @@ class InboxMethods(SessionMethods, LeaseMethods):
 
     async def _park(self, sk: SessionKeys, payload: bytes, dedupe_key: str) -> tuple[str, bool]:
         for _ in range(_ATTEMPTS):
-            inbox_id = new_inbox_id(self.clock())
-            header: dict[str, object] = {"d": dedupe_key, "t": self.clock()}
-            checks = [Check(sk.head, Expect(exists=True))]
-            body = payload
+            now = self.clock()
+            inbox_id = new_inbox_id(now)
+            checks = [Check(sk.head, PRESENT)]
             if len(payload) > self.config.inline_event_bytes:
                 # Written before the inbox entry; the entry's transaction checks
                 # it still exists (the janitor may sweep a blob left too long).
                 await self.storage.put(sk.blob_key(inbox_id), payload)
-                checks.append(Check(sk.blob_key(inbox_id), Expect(exists=True)))
-                header["b"] = 1
-                body = b""
+                checks.append(Check(sk.blob_key(inbox_id), PRESENT))
+                event = encode_event({"d": dedupe_key, "t": now, "b": 1}, b"")
+            else:
+                event = encode_inline_event(dedupe_key, now, payload)
             writes: list[Write] = [
-                Put(sk.inbox_key(inbox_id), encode_event(header, body), Expect(exists=False)),
-                Put(sk.pending, dumps({"tenant": sk.tenant})),
+                Put(sk.inbox_key(inbox_id), event, ABSENT),
+                Put(sk.pending, pending_value(sk.tenant)),
             ]
             if dedupe_key:
-                writes.append(Put(sk.dedupe_key(dedupe_key), inbox_id.encode(), Expect(exists=False)))
+                writes.append(Put(sk.dedupe_key(dedupe_key), inbox_id.encode(), ABSENT))
             res = await self.storage.transact(checks, writes)
             if res.applied:
                 return inbox_id, False

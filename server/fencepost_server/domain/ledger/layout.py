@@ -46,6 +46,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as json_str
 
 from fencepost import reasons
 from fencepost.keys import encode_segment
@@ -265,7 +266,9 @@ class LeaseState:
         return not self.released and now < self.expires
 
     def encode(self) -> bytes:
-        return dumps({"h": self.holder, "g": self.generation, "e": self.expires, "r": self.released})
+        """dumps({"h", "g", "e", "r"}), spelled out: every lease write encodes one."""
+        return (f'{{"e":{self.expires!r},"g":{self.generation},"h":{json_str(self.holder)},'
+                f'"r":{"true" if self.released else "false"}}}').encode()
 
     @staticmethod
     def decode(value: bytes) -> LeaseState:
@@ -305,6 +308,19 @@ class Meta:
 def encode_event(header: dict[str, object], payload: bytes) -> bytes:
     head = dumps(header)
     return len(head).to_bytes(4, "big") + head + payload
+
+
+def encode_inline_event(dedupe_key: str, delivered: float, payload: bytes) -> bytes:
+    """encode_event({"d": dedupe_key, "t": delivered}, payload), the header
+    spelled out: every Deliver of an inline payload encodes one."""
+    head = f'{{"d":{json_str(dedupe_key)},"t":{delivered!r}}}'.encode()
+    return len(head).to_bytes(4, "big") + head + payload
+
+
+@functools.lru_cache(maxsize=1024)
+def pending_value(tenant: str) -> bytes:
+    """The value of a session's pending-index entry (the same for a tenant's sessions)."""
+    return dumps({"tenant": tenant})
 
 
 def decode_event(value: bytes) -> tuple[dict[str, object], bytes]:

@@ -38,16 +38,20 @@ class LeaseMethods(LedgerBase):
                     item, fresh = await self.read_lease(sk), True
                     continue
                 raise lease_held(st)
-            granted = await self.grant(sk, item, holder, ttl)
+            granted = await self.grant(sk, item, holder, ttl, st)
             if granted is not None:
                 return granted
             item, fresh = await self.read_lease(sk), True
         raise contended("AcquireLease")
 
-    async def grant(self, sk: SessionKeys, seen: Item, holder: str, ttl: float) -> LeaseState | None:
-        """Grant a new generation iff the lease item is still `seen`: one
-        transaction; None when it changed (nothing written)."""
-        st = LeaseState.decode(seen.value)
+    async def grant(
+        self, sk: SessionKeys, seen: Item, holder: str, ttl: float, st: LeaseState | None = None
+    ) -> LeaseState | None:
+        """Grant a new generation iff the lease item is still `seen` (`st`: its
+        decoding, when the caller has it): one transaction; None when it
+        changed (nothing written)."""
+        if st is None:
+            st = LeaseState.decode(seen.value)
         new = LeaseState(holder, st.generation + 1, self.clock() + ttl, False)
         value = new.encode()
         res = await self.storage.transact((), [
