@@ -39,7 +39,6 @@ from ..base import (
     Check,
     EXPORT_PAGE,
     CountKeys,
-    Delete,
     Item,
     Marker,
     Put,
@@ -48,10 +47,8 @@ from ..base import (
     Write,
     highest_per_family,
     new_version,
-    prefix_end,
     validate_transaction,
 )
-
 from .statements import (
     UPSERT, apply_transaction, bounds, connect, erase, read_item, stored_marker, write_item,
 )

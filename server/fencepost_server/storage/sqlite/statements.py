@@ -1,6 +1,6 @@
 """The SQL of the SQLite backend: schema, connections, and the statements every
-operation runs (plain functions of a connection, run by whichever side owns
-that connection: the event loop or a thread)."""
+operation runs (plain functions of a connection: the writer thread runs the
+writes, the event loop's read connection the reads)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..base import CountKeys, Delete, Item, Marker, Put, TxnResult, Write, Check, prefix_end
+from ..base import Check, CountKeys, Delete, Item, Marker, Put, TxnResult, Write, prefix_end
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
