@@ -75,7 +75,10 @@ class SqliteStorage(Storage):
         try:
             self._writer = Worker(self.path, synchronous, writer=True, version=new_version)
             self._reader = Worker(self.path, synchronous, writer=False)
-            self._loop_conn = connect(self.path, synchronous, busy_ms=_LOOP_BUSY_MS)
+            # opened with the long wait (another process may be creating the file or
+            # recovering its WAL at start-up: `serve --workers`), then reads wait briefly
+            self._loop_conn = connect(self.path, synchronous)
+            self._loop_conn.execute(f"PRAGMA busy_timeout={_LOOP_BUSY_MS}")
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
         self._closed = False

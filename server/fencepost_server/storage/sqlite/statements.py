@@ -55,11 +55,12 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(_MARKER_TRIGGERS)
 
 
-def connect(path: str, synchronous: str, busy_ms: int = 30000) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
+    """A connection in WAL mode that waits up to 30 s for a lock (callers lower that)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+    conn.execute("PRAGMA busy_timeout=30000")
     return conn
 
 
