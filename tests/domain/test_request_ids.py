@@ -155,3 +155,32 @@ async def test_markers_kept_with_items_survive_an_export_and_import(storage: Sto
     assert (await moved.put_if_absent("t", "k", b"v1", request_id="a")) == first
     assert await moved.put("t", "p", b"x", request_id="c") == put
     assert (await moved.get("t", "p")).version == put  # type: ignore[union-attr]
+
+
+async def test_a_sweep_past_the_window_removes_every_expired_marker_kept_with_an_item_or_not(
+    storage: Storage,
+) -> None:
+    """Retention: once their dedupe window has passed, markers go, whether
+    they are items of their own or kept with the item their request wrote;
+    the items stay, and markers still inside the window stay."""
+    now = [1_000_000_000.0]
+    log = RequestLog(storage, clock=lambda: now[0])
+    kv = KvStore(storage, Limits(), log)
+    await kv.put_if_absent("t", "kept", b"v", request_id="kept")  # kept with its item where the backend can
+    moved = await kv.put("t", "moved", b"v", request_id="moved")
+    await kv.put("t", "moved", b"w")  # its marker moves out to an item of its own
+    now[0] += 3 * 3600  # past the window (current + previous hour)
+    await kv.put_if_absent("t", "fresh", b"v", request_id="fresh")
+
+    def markers() -> list[str]:
+        return [item.key for page in pages for item in page if item.key.startswith(MARKERS)]
+
+    pages = [page async for page in storage.export_items()]
+    assert len(markers()) == 3  # export shows every marker, kept ones as items of their own
+    assert await log.sweep(batch=1) == 2
+    pages = [page async for page in storage.export_items()]
+    assert len(markers()) == 1  # only the fresh request's
+    assert [(await kv.get("t", k)).value for k in ("kept", "moved", "fresh")] == [b"v", b"w", b"v"]  # type: ignore[union-attr]
+    # the expired request id is no longer remembered: a retry now applies anew
+    assert (await kv.put("t", "moved", b"v", request_id="moved")) != moved
+    assert await log.sweep() == 0

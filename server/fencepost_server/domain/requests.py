@@ -13,7 +13,8 @@ Where the backend can (`Storage.keeps_markers_with_items`: the embedded
 backends), the marker of a single-key write is kept with the item it wrote
 rather than as an item of its own at that key; the backend moves it out to its
 key when the item is next overwritten or deleted, so a retry finds it either
-way, and only markers moved out are ever swept.
+way; the sweep clears an expired marker kept with an item from its row
+(`Storage.forget_markers_before`) and deletes the expired ones of their own.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class RequestLog:
         return TxnResult(True, tuple(outcome["v"]), tuple(outcome["f"]), replayed=True, note=outcome.get("n", ""))
 
     async def sweep(self, batch: int = 500) -> int:
-        """Delete markers older than the dedupe window; returns how many."""
+        """Delete markers older than the dedupe window, items of their own and
+        those kept with an item alike; returns how many."""
         oldest_kept = int(self.clock()) // BUCKET_SECONDS - 1
         removed = 0
         while True:
@@ -153,4 +155,10 @@ class RequestLog:
                 await self.storage.delete(key)
             removed += len(stale)
             if len(stale) < len(keys) or not keys:
-                return removed
+                break
+        bound = f"{_PREFIX}{oldest_kept:010d}/"  # the buckets sort by their zero-padded hour
+        while (forgotten := await self.storage.forget_markers_before(bound, batch)) > 0:
+            removed += forgotten
+            if forgotten < batch:
+                break
+        return removed

@@ -296,6 +296,13 @@ class Storage(abc.ABC):
         hand its marker on as an item of its own). Nothing to do where
         markers are items of their own."""
 
+    async def forget_markers_before(self, bound: str, limit: int) -> int:
+        """Drop at most `limit` request-id markers kept with items whose
+        marker key sorts below `bound` (their dedupe window has passed), the
+        items staying; returns how many. Nothing to do where markers are
+        items of their own (those are swept as items)."""
+        return 0
+
     # -- erasure: names the backend keeps besides items -------------------
     # A backend may keep records of its own that name key ranges (DynamoDB:
     # one partition-directory row per partition, named after the keys' head:

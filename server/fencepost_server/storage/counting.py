@@ -82,6 +82,9 @@ class ObservedStorage(Storage):
     async def forget_markers(self, prefix: str) -> None:
         await self.inner.forget_markers(prefix)
 
+    async def forget_markers_before(self, bound: str, limit: int) -> int:
+        return await self._observe("forget_markers_before", self.inner.forget_markers_before(bound, limit))
+
     @property
     def partition_settle_seconds(self) -> float:  # type: ignore[override]
         return self.inner.partition_settle_seconds

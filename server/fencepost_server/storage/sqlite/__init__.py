@@ -201,6 +201,13 @@ class SqliteStorage(Storage):
         await self._write_op(lambda conn, _v: conn.execute(
             f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
+    async def forget_markers_before(self, bound: str, limit: int) -> int:
+        # the partial index on marker_key finds them; clearing the columns moves nothing out (statements.py)
+        return int(await self._write_op(lambda conn, _v: conn.execute(
+            "UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE key IN "
+            "(SELECT key FROM kv WHERE marker_key IS NOT NULL AND marker_key < ? LIMIT ?)",
+            (bound.encode(), limit)).rowcount))
+
     # -- operator tools ----------------------------------------------------
     async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:
         """As every backend, plus the request-id markers kept with their item:
