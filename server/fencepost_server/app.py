@@ -39,7 +39,7 @@ from fencepost.v1 import (
 )
 
 from .api.admin import AdminServicer
-from .api.base import Authenticator, RpcObserver, calls_in_flight
+from .api.base import Authenticator, RpcObserver
 from .api.recording import recorder_from_env
 from .api.evals import EvalServicer
 from .api.journal import JournalServicer, StoreApiServicer
@@ -261,7 +261,6 @@ class App:
         #: how logs name the backend (a backend handed in by a test has no URL of its own)
         self.backend_label = settings.backend_url() if storage is None or settings.backend else type(raw).__name__
         self.storage: Storage = ObservedStorage(raw, self.metrics.backend_call)
-        self.storage.watch_load(calls_in_flight)
         key_file = settings.page_token_key_file
         self.pages = (
             PageTokens.with_secret(secret_from_file(key_file)) if key_file else PageTokens.of_deployment(self.storage)

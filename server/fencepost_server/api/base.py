@@ -126,19 +126,6 @@ def _pack(msg: Any) -> any_pb2.Any:
 _SERVING_ERRORS = (DomainError, BackendUnavailable, InvalidTransaction)
 
 
-class _InFlight:
-    count = 0
-
-
-#: unary calls being served right now (streams, which may wait for long, are
-#: not counted); the backend reads it through `Storage.watch_load`
-_IN_FLIGHT = _InFlight()
-
-
-def calls_in_flight() -> int:
-    return _IN_FLIGHT.count
-
-
 class ServicerBase:
     """Holds the authenticator and observer every wrapped method uses."""
 
@@ -174,7 +161,6 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
         started = time.perf_counter()
         outcome = _OK
         span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
-        _IN_FLIGHT.count += 1
         try:
             _caller.set(self.auth.identify(context))
             if isinstance(request, UndecodableRequest):
@@ -184,7 +170,6 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
             outcome, status = _failure(name, exc)
             await context.abort_with_status(rpc_status.to_status(status))
         finally:
-            _IN_FLIGHT.count -= 1
             self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
             if span is not None:
                 _end_span(span, outcome)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -286,11 +286,6 @@ class Storage(abc.ABC):
         holds after the writes: the transaction's own puts and deletes are
         always reflected; keys other callers write at the same moment may or
         may not be (embedded backends count inside the write, so exactly)."""
-
-    def watch_load(self, calls_in_flight: Callable[[], int]) -> None:
-        """The server hands the backend a reader of how many calls it is
-        serving right now (a backend may gather writes harder when many are:
-        SQLite's commit delay). Nothing to do by default."""
 
     #: whether `transact_marked` can keep a marker with the item its request writes
     keeps_markers_with_items: bool = False

@@ -82,9 +82,6 @@ class ObservedStorage(Storage):
     async def forget_markers(self, prefix: str) -> None:
         await self.inner.forget_markers(prefix)
 
-    def watch_load(self, calls_in_flight: Callable[[], int]) -> None:
-        self.inner.watch_load(calls_in_flight)
-
     async def forget_markers_before(self, bound: str, limit: int) -> int:
         return await self._observe("forget_markers_before", self.inner.forget_markers_before(bound, limit))
 

@@ -201,9 +201,6 @@ class SqliteStorage(Storage):
         await self._write_op(lambda conn, _v: conn.execute(
             f"UPDATE kv SET marker_key = NULL, marker_value = NULL WHERE marker_key IS NOT NULL AND {where}", args))
 
-    def watch_load(self, calls_in_flight: Callable[[], int]) -> None:
-        self._writer.calls_in_flight = calls_in_flight
-
     async def forget_markers_before(self, bound: str, limit: int) -> int:
         # the partial index on marker_key finds them; clearing the columns moves nothing out (statements.py)
         return int(await self._write_op(lambda conn, _v: conn.execute(
