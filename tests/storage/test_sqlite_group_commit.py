@@ -177,3 +177,47 @@ def test_two_running_loops_write_through_one_store_at_once(tmp_path: Path) -> No
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+@pytest.mark.parametrize("busy", [True, False])
+async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
+    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """Above GATHER_AT_RATE the writer waits while writes keep arriving and
+    commits them as one batch; below it a write is committed at once. The
+    writer's sleep is replaced by one that makes a write arrive (in the real
+    writer it is the event loop submitting meanwhile), so nothing here
+    depends on timing."""
+    from fencepost_server.storage.sqlite import writer as writer_module
+
+    worker = store._writer
+    loop = asyncio.get_running_loop()
+    late: asyncio.Future[Any] = loop.create_future()
+    sleeps: list[float] = []
+    batches: list[int] = []
+
+    def arriving_sleep(seconds: float) -> None:
+        if not sleeps:  # a write arrives during the first step, none during the second
+            worker._queue.put((_put("late"), loop, late, False))
+        sleeps.append(seconds)
+
+    real_commit = worker._commit
+
+    def counting_commit(batch: list[Any]) -> list[tuple[bool, Any]]:
+        batches.append(len(batch))
+        return real_commit(batch)
+
+    monkeypatch.setattr(writer_module.time, "sleep", arriving_sleep)
+    monkeypatch.setattr(worker, "_commit", counting_commit)
+    worker._rate = writer_module.GATHER_AT_RATE if busy else writer_module.GATHER_AT_RATE / 2
+    monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # the rate set here stands for the test
+
+    await _submit(store, _put("first"), savepoint=False)
+    if busy:
+        await asyncio.wait_for(late, 10)  # it arrives only while the writer waits
+        assert batches == [2]  # one transaction, one fsync for both
+        assert len(sleeps) == 2  # the step that brought no write ended the wait
+    else:
+        assert batches == [1] and sleeps == []  # committed at once, no wait
+        late.cancel()
+    assert (await store.get("first")) is not None
