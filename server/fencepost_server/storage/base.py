@@ -182,6 +182,12 @@ class TxnResult:
     marker: bytes | None = None
 
 
+def key_bytes(keys: Iterable[str]) -> int:
+    """The encoded size of `keys`, as the transaction limit counts it (on
+    every write path: no Python frame per key)."""
+    return sum(map(len, map(str.encode, keys)))
+
+
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
     """Refuse transactions no backend could apply atomically."""
     ops = len(checks) + len(writes)
@@ -189,7 +195,7 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
         raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")
     keys = [c.key for c in checks]
     keys += [w.key for w in writes]
-    size = sum(map(len, map(str.encode, keys)))  # on every write path: no Python frame per key
+    size = key_bytes(keys)
     size += sum([len(w.value) for w in writes if type(w) is Put])
     if size > MAX_TXN_BYTES:
         raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")

@@ -29,12 +29,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write
+from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write, key_bytes
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
 from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended
@@ -65,10 +65,6 @@ def _fingerprint(expected_seq: int, records: Sequence[bytes], consume: Sequence[
 def _marker(seq: int, fingerprint: str, when: int) -> bytes:
     """dumps({"s": seq, "f": fingerprint, "t": when}), spelled out (a hex fingerprint needs no escaping)."""
     return f'{{"f":"{fingerprint}","s":{seq},"t":{when}}}'.encode()
-
-
-def _key_bytes(keys: Iterable[str]) -> int:
-    return sum(map(len, map(str.encode, keys)))
 
 
 #: A commit whose remembered act/ value went stale is retried this often.
@@ -103,7 +99,7 @@ class CommitMethods(ActivityMethods):
         added = sum(map(len, records))
         room = MAX_TXN_OPS - len(checks) - len(writes) - ACTIVITY_OPS
         # the transaction's bytes (validate_transaction's measure) without the activity writes
-        fixed_size = _key_bytes([sk.gen, *(w.key for w in writes)]) + len(writes[0].value) + added
+        fixed_size = key_bytes([sk.gen, *(w.key for w in writes)]) + len(writes[0].value) + added
         if commit_id:
             fixed_size += len(writes[-1].value)
         for _attempt in range(_ATTEMPTS):
@@ -118,7 +114,7 @@ class CommitMethods(ActivityMethods):
                 else:
                     activity, new_value, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
                 ops, conds = [*writes, *activity], checks
-                size = fixed_size + _key_bytes(w.key for w in activity)
+                size = fixed_size + key_bytes(w.key for w in activity)
                 size += sum(len(w.value) for w in activity if type(w) is Put)
             if size > self.limits.max_txn_bytes:
                 raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
