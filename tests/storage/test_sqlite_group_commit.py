@@ -203,13 +203,13 @@ async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
 
     real_commit = worker._commit
 
-    def counting_commit(batch: list[Any]) -> list[tuple[bool, Any]]:
+    def counting_commit(batch: list[Any], wait: bool) -> list[tuple[bool, Any]] | None:
         batches.append(len(batch))
-        return real_commit(batch)
+        return real_commit(batch, wait)
 
     monkeypatch.setattr(writer_module.time, "sleep", arriving_sleep)
     monkeypatch.setattr(worker, "_commit", counting_commit)
-    worker._rate = writer_module.GATHER_AT_RATE if busy else writer_module.GATHER_AT_RATE / 2
+    worker.arrivals.rate = writer_module.GATHER_AT_RATE if busy else writer_module.GATHER_AT_RATE / 2
     monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # the rate set here stands for the test
 
     await _submit(store, _put("first"), savepoint=False)
@@ -221,3 +221,57 @@ async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
         assert batches == [1] and sleeps == []  # committed at once, no wait
         late.cancel()
     assert (await store.get("first")) is not None
+
+
+def _where_it_ran(threads: list[str]) -> Op:
+    def op(conn: sqlite3.Connection, version: Callable[[], str]) -> str:
+        threads.append(threading.current_thread().name)
+        return _put(f"k{len(threads)}")(conn, version)
+    return op
+
+
+async def test_a_lone_write_on_a_quiet_store_commits_on_the_callers_thread(
+    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below LONE_WRITE_RATE calls a second a write the writer is idle for
+    commits on the event loop's thread (no hand-off); at or above it, or
+    while the writer is busy, it goes to the writer thread."""
+    from fencepost_server.storage.sqlite import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # the rates set here stand for the test
+    here = threading.current_thread().name
+    threads: list[str] = []
+
+    store._calls.rate = writer_module.LONE_WRITE_RATE / 2
+    version = await store._write_op(_where_it_ran(threads))
+    assert threads == [here]
+    assert (item := await store.get("k1")) is not None and item.version == version  # committed, readable
+
+    gate = _hold_writer(store)  # a batch is running: the write queues behind it
+    queued = asyncio.ensure_future(store._write_op(_where_it_ran(threads)))
+    await asyncio.sleep(0.01)
+    assert len(threads) == 1 and not queued.done()
+    gate.set()
+    await queued
+    assert threads[1] == "fencepost-sqlite-writer"
+
+    store._calls.rate = writer_module.LONE_WRITE_RATE  # a busy store: every write goes to the thread
+    await store._write_op(_where_it_ran(threads))
+    assert threads[2] == "fencepost-sqlite-writer"
+
+
+async def test_a_lone_write_fails_as_a_queued_one_would(store: SqliteStorage) -> None:
+    """The same answers, committed in place: an SQLite error is the backend's
+    (and undone), any other error the op's own."""
+    await store.put("taken", b"1")
+
+    def refused(conn: sqlite3.Connection, version: Callable[[], str]) -> None:
+        _put("half")(conn, version)
+        raise ValueError("refused half way")
+
+    with pytest.raises(BackendUnavailable):
+        await store._write_op(_put("taken"))
+    with pytest.raises(ValueError):
+        await store._write_op(refused, savepoint=True)
+    assert await store.get("half") is None  # its savepoint was rolled back
+    assert (await store.put("after", b"v")) and (await store.get("after")) is not None
