@@ -179,17 +179,34 @@ def test_two_running_loops_write_through_one_store_at_once(tmp_path: Path) -> No
         loop.close()
 
 
-@pytest.mark.parametrize("busy", [True, False])
+async def _contend(store: SqliteStorage) -> None:
+    """Make the writer wait for another process's writer once."""
+    other = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        pending = asyncio.ensure_future(_submit(store, _put("contended"), savepoint=False))
+        await asyncio.sleep(0.02)
+        other.execute("COMMIT")
+        await pending
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("case", ["busy", "contended", "quiet"])
 async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
-    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch, busy: bool
+    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """Above GATHER_AT_RATE the writer waits while writes keep arriving and
+    """At GATHER_AT_RATE (or, after waiting for another process's writer, at
+    GATHER_AT_RATE_CONTENDED) the writer waits while writes keep arriving and
     commits them as one batch; below it a write is committed at once. The
     writer's sleep is replaced by one that makes a write arrive (in the real
     writer it is the event loop submitting meanwhile), so nothing here
     depends on timing."""
     from fencepost_server.storage.sqlite import writer as writer_module
 
+    if case == "contended":
+        await _contend(store)
+    busy = case != "quiet"
     worker = store._writer
     loop = asyncio.get_running_loop()
     late: asyncio.Future[Any] = loop.create_future()
@@ -209,7 +226,7 @@ async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
 
     monkeypatch.setattr(writer_module.time, "sleep", arriving_sleep)
     monkeypatch.setattr(worker, "_commit", counting_commit)
-    worker.arrivals.rate = writer_module.GATHER_AT_RATE if busy else writer_module.GATHER_AT_RATE / 2
+    worker.arrivals.rate = writer_module.GATHER_AT_RATE if case == "busy" else writer_module.GATHER_AT_RATE_CONTENDED
     monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # the rate set here stands for the test
 
     await _submit(store, _put("first"), savepoint=False)

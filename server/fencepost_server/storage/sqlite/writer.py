@@ -7,7 +7,8 @@ per event loop answers the whole batch.
 
 What it guarantees:
 - group commit: one transaction, one COMMIT, one fsync per batch (at most
-  `MAX_BATCH` writes); under a high write rate the writer first lets writes
+  `MAX_BATCH` writes); under a high write rate (a lower one while other
+  processes' writers contend for the lock) the writer first lets writes
   gather for up to 2 ms (a commit delay, `_gather`), which at 64 writes in
   flight turns batches of ~3 into batches of ~15 and cut the server's CPU
   per put by ~30% in the measurements of docs/performance.md;
@@ -63,6 +64,12 @@ _STOP = object()
 # below that rate (a lone or a few writers) it never waits.
 GATHER_SECONDS = 0.002
 GATHER_AT_RATE = 4000.0
+# While other processes' writers contend for the write lock (`serve --workers`:
+# one took it within the last _CONTENDED_SECONDS), the delay starts at a lower
+# rate: each process then sees only its share of the file's writes, and every
+# commit that does not gather is one more hand-off of the lock between them.
+GATHER_AT_RATE_CONTENDED = 1500.0
+_CONTENDED_SECONDS = 1.0
 _GATHER_STEP = 0.0005
 _RATE_WINDOW = 0.02  # seconds over which a rate is measured
 #: storage calls per second (reads and writes) under which a write that finds the
@@ -112,6 +119,7 @@ class Worker:
         self.arrivals = RateMeter()  # writes per second handed to the thread (the commit delay's gate)
         # held while a batch is gathered and committed, or while `commit_here` commits
         self._lock = threading.Lock()
+        self._contended_at = -_CONTENDED_SECONDS  # when BEGIN last found another process's writer
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -161,6 +169,7 @@ class Worker:
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
                     raise
+                self._contended_at = time.monotonic()
                 if not wait:
                     return False
             time.sleep(_BUSY_STEP)
@@ -173,7 +182,7 @@ class Worker:
             batch = [first]
             stop = False
             with self._lock:
-                if self._writer and self.arrivals.add(0) >= GATHER_AT_RATE:
+                if self._writer and self._delay_due():
                     self._gather()
                 while len(batch) < MAX_BATCH:
                     try:
@@ -193,6 +202,14 @@ class Worker:
             _answer(batch, outcomes)
             if stop:
                 return
+
+    def _delay_due(self) -> bool:
+        """Whether the commit delay applies to the next batch."""
+        rate = self.arrivals.add(0)
+        if rate >= GATHER_AT_RATE:
+            return True
+        contended = time.monotonic() - self._contended_at < _CONTENDED_SECONDS
+        return contended and rate >= GATHER_AT_RATE_CONTENDED
 
     def _gather(self) -> None:
         """Let writes gather in the queue while they keep arriving, at most
