@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,28 @@ async def test_a_lone_write_fails_as_a_queued_one_would(store: SqliteStorage) ->
         await store._write_op(refused, savepoint=True)
     assert await store.get("half") is None  # its savepoint was rolled back
     assert (await store.put("after", b"v")) and (await store.get("after")) is not None
+
+
+async def test_lone_writes_pause_once_they_hold_their_callers_too_long(
+    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone write holds its caller for its COMMIT; once lone writes take
+    more than LONE_WRITE_SHARE of the time (a slow disk), writes go to the
+    thread for LONE_WRITE_PAUSE: a caller blocked on every fsync could
+    otherwise never reach the rate that hands writes to the thread."""
+    from fencepost_server.storage.sqlite import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # a quiet store throughout
+    monkeypatch.setattr(writer_module, "LONE_WRITE_PAUSE", 3600.0)
+    store._calls.rate = 0.0
+    here = threading.current_thread().name
+    threads: list[str] = []
+
+    def slow_write(conn: sqlite3.Connection, version: Callable[[], str]) -> str:
+        threads.append(threading.current_thread().name)
+        time.sleep(5 * writer_module.LONE_WRITE_WINDOW)  # stands for a slow fsync: longer than a window
+        return _put("slow")(conn, version)
+
+    await store._write_op(slow_write)
+    await store._write_op(_where_it_ran(threads))
+    assert threads == [here, "fencepost-sqlite-writer"]

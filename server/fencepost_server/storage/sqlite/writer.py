@@ -75,6 +75,12 @@ _RATE_WINDOW = 0.02  # seconds over which a rate is measured
 #: storage calls per second (reads and writes) under which a write that finds the
 #: writer idle commits on the caller's thread (`Worker.commit_here`)
 LONE_WRITE_RATE = 1500.0
+#: lone writes pause for LONE_WRITE_PAUSE seconds once they have held their
+#: callers for more than LONE_WRITE_SHARE of the wall time since the last
+#: pause check (windows of at least LONE_WRITE_WINDOW seconds): see `Worker.commit_here`
+LONE_WRITE_SHARE = 0.5
+LONE_WRITE_WINDOW = 0.04
+LONE_WRITE_PAUSE = 1.0
 
 Op = Callable[..., Any]
 Queued = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]", bool]
@@ -120,6 +126,10 @@ class Worker:
         # held while a batch is gathered and committed, or while `commit_here` commits
         self._lock = threading.Lock()
         self._contended_at = -_CONTENDED_SECONDS  # when BEGIN last found another process's writer
+        self._lone_busy = 0.0  # seconds lone writes held their callers since _lone_since
+        self._lone_since = time.monotonic()
+        self._lone_paused_until = 0.0
+        self._stopped = False
         name = "fencepost-sqlite-writer" if writer else "fencepost-sqlite-reader"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -137,23 +147,57 @@ class Worker:
         """Commit `op` now, on the calling thread, if the writer is idle:
         nothing queued, no batch running, and the write lock not held by
         another process. (ok, result or error), or None when it is not idle
-        (then `submit` it). Only for a writer."""
-        if not self._queue.empty() or not self._lock.acquire(blocking=False):
+        (then `submit` it). Only for a writer.
+
+        Not while lone writes have been holding their callers for more than
+        LONE_WRITE_SHARE of the time (a slow disk, big writes): then they
+        pause for LONE_WRITE_PAUSE. A caller that waits for every fsync can
+        reach at most 1 / (time per write) writes a second; were that below
+        the rate that hands writes to the thread, the store would never hand
+        them over and never group-commit again.
+
+        Writes in flight together were never ordered: a lone write may
+        commit before one the thread has taken off the queue but not begun."""
+        if not self._queue.empty() or time.monotonic() < self._lone_paused_until:
             return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        started = time.perf_counter()
         try:
+            if self._stopped:
+                return None
             outcomes = self._commit([(op, savepoint)], wait=False)
+        except BaseException:  # e.g. KeyboardInterrupt inside the op: never leave the transaction open
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
         finally:
             self._lock.release()
+        self._pause_if_holding(time.perf_counter() - started)
         if outcomes is None:
             return None
         ok, value = outcomes[0]
         return ok, value if ok else storage_error(value)
 
+    def _pause_if_holding(self, took: float) -> None:
+        """Count a lone write's `took` seconds; pause lone writes once they
+        take more than LONE_WRITE_SHARE of the window."""
+        self._lone_busy += took
+        now = time.monotonic()
+        elapsed = now - self._lone_since
+        if self._lone_busy > LONE_WRITE_SHARE * max(elapsed, LONE_WRITE_WINDOW):
+            self._lone_paused_until = now + LONE_WRITE_PAUSE
+        if elapsed >= LONE_WRITE_WINDOW or now < self._lone_paused_until:
+            self._lone_busy, self._lone_since = 0.0, now
+
     def stop(self) -> None:
-        """Answers everything queued before it, then ends the thread."""
+        """Answers everything queued before it, then ends the thread (a lone
+        write under way on another thread finishes first)."""
         self._queue.put(_STOP)
         self._thread.join()
-        self._conn.close()
+        with self._lock:
+            self._stopped = True
+            self._conn.close()
 
     def _begin(self, wait: bool) -> bool:
         """BEGIN IMMEDIATE, waiting for another process's writer (`serve
