@@ -21,41 +21,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from fencepost import reasons
 
-from ..storage import Check, Marker, Put, Storage, TxnResult, Write
+from ..storage import Check, Marker, Put, Storage, TxnResult, Write, random_hex
 from .errors import InvalidArgument
 from .keys import GLOBAL_PREFIX, tenant_keys
 
 BUCKET_SECONDS = 3600
-_POOL_BYTES = 4096
 _PREFIX = GLOBAL_PREFIX + "req/"
 _SEP = b"\n"  # fingerprint (32 bytes) + SEP + JSON {"v": versions written, "f": failed compares}
 
 
-class _RandomHex(threading.local):
-    """128-bit random hex tokens cut from a pooled os.urandom read: one system
-    call per 256 tokens rather than one per write. (os.urandom drops the GIL,
-    and on a busy event loop the SQLite writer thread takes it; getting it
-    back costs more than the call.) One pool per thread, so no token is
-    handed out twice."""
-
-    def __init__(self) -> None:
-        self.pool, self.at = b"", 0
-
-    def __call__(self) -> str:
-        if self.at + 16 > len(self.pool):
-            self.pool, self.at = os.urandom(_POOL_BYTES), 0
-        self.at += 16
-        return self.pool[self.at - 16:self.at].hex()
-
-
-_random_hex = _RandomHex()
 
 
 def _plain(text: str) -> bool:
@@ -121,7 +100,7 @@ class RequestLog:
             )
         # The versions are chosen here so the marker can record them in the same
         # transaction: a replay reports what the first attempt wrote.
-        writes = [Put(w.key, w.value, w.expect, w.version or "r" + _random_hex()) if isinstance(w, Put) else w
+        writes = [Put(w.key, w.value, w.expect, w.version or "r" + random_hex()) if isinstance(w, Put) else w
                   for w in writes]
         versions = [w.version if isinstance(w, Put) else None for w in writes]
         bucket = int(self.clock()) // BUCKET_SECONDS

@@ -20,11 +20,12 @@ from .base import (
     TxnResult,
     Write,
     key_bytes,
+    random_hex,
 )
 from .registry import open_backend, register
 
 __all__ = [
     "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
     "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "Storage",
-    "StorageError", "TxnResult", "Write", "key_bytes", "open_backend", "register",
+    "StorageError", "TxnResult", "Write", "key_bytes", "open_backend", "random_hex", "register",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
@@ -27,10 +28,43 @@ MAX_TXN_BYTES = 4 * 1024 * 1024
 EXPORT_PAGE = 1000
 
 
+_POOL_BYTES = 4096
+
+
+class _RandomPool(threading.local):
+    """Random bytes cut from a pooled os.urandom read: one system call per
+    4 KiB rather than one per token. os.urandom drops the GIL, and a serving
+    process has other threads waiting for it (gRPC's poller, the SQLite
+    writer): every drop hands it over and getting it back costs far more
+    than the call. One pool per thread, so no byte is handed out twice; a
+    forked child starts with an empty pool (`os.register_at_fork`)."""
+
+    def __init__(self) -> None:
+        self.pool, self.at = b"", 0
+
+    def hex(self, nbytes: int) -> str:
+        if self.at + nbytes > len(self.pool):
+            self.pool, self.at = os.urandom(_POOL_BYTES), 0
+        self.at += nbytes
+        return self.pool[self.at - nbytes:self.at].hex()
+
+    def forget(self) -> None:
+        self.pool, self.at = b"", 0
+
+
+_random = _RandomPool()
+os.register_at_fork(after_in_child=_random.forget)
+
+
+def random_hex(nbytes: int = 16) -> str:
+    """`nbytes` random bytes as hex (`os.urandom` quality, pooled)."""
+    return _random.hex(nbytes)
+
+
 def new_version() -> str:
     """A fresh version token: 128 random bits, so a token is never handed out
     twice (no ABA after delete and re-create) and carries no counter."""
-    return os.urandom(16).hex()
+    return _random.hex(16)
 
 
 class StorageError(Exception):

@@ -42,15 +42,14 @@ import functools
 import hashlib
 import json
 import re
-import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as json_str
 
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
+from ...storage import random_hex
 from ..errors import InvalidArgument, NotFound
 from ..keys import GLOBAL_PREFIX, tenant_keys
 
@@ -65,7 +64,7 @@ _INBOX_ID = re.compile(r"^[0-9]{20}-[0-9a-f]{8}$")
 
 def new_session_id(agent: str) -> str:
     tag = base64.urlsafe_b64encode(agent.encode()).decode().rstrip("=")
-    return f"{uuid.uuid4().hex}.{tag}"
+    return f"{random_hex(16)}.{tag}"
 
 
 def agent_of(session_id: str) -> str:
@@ -90,7 +89,7 @@ def shard_of(session_id: str) -> int:
 def new_inbox_id(now: float | None = None) -> str:
     """Arrival-ordered: nanoseconds since the epoch, then 32 random bits."""
     ns = time.time_ns() if now is None else int(now * 1e9)
-    return f"{ns:020d}-{secrets.token_hex(4)}"
+    return f"{ns:020d}-{random_hex(4)}"
 
 
 def inbox_time(inbox_id: str) -> float:

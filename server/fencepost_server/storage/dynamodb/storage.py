@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -52,6 +51,7 @@ from ..base import (
     Write,
     highest_per_family,
     new_version,
+    random_hex,
     validate_transaction,
 )
 from . import bulk, directory, listing
@@ -301,7 +301,7 @@ class DynamoStorage(Storage):
             request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         may_create = condition is None or condition.may_create
         known_until = self._known.valid_until(partition) if may_create else float("inf")
-        token = uuid.uuid4().hex
+        token = random_hex(16)
         client = await self.client()
 
         async def attempt(after_ambiguous: bool) -> CasResult:
@@ -408,7 +408,7 @@ class DynamoStorage(Storage):
             await self._write_directory(new_partitions)
             new_partitions = []
         items = [e for _, e in operations] + [directory_put(self.table, p) for p in new_partitions]
-        token = uuid.uuid4().hex
+        token = random_hex(16)
         client = await self.client()
 
         async def attempt(after_ambiguous: bool) -> TxnResult:
