@@ -193,13 +193,14 @@ async def _contend(store: SqliteStorage) -> None:
         other.close()
 
 
-@pytest.mark.parametrize("case", ["busy", "contended", "quiet"])
+@pytest.mark.parametrize("case", ["busy", "contended", "waiting", "quiet"])
 async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
     store: SqliteStorage, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     """At GATHER_AT_RATE (or, after waiting for another process's writer, at
-    GATHER_AT_RATE_CONTENDED) the writer waits while writes keep arriving and
-    commits them as one batch; below it a write is committed at once. The
+    GATHER_AT_RATE_CONTENDED; or while GATHER_AT_WAITING writes on average
+    were queued when it woke) the writer waits while writes keep arriving and
+    commits them as one batch; otherwise a write is committed at once. The
     writer's sleep is replaced by one that makes a write arrive (in the real
     writer it is the event loop submitting meanwhile), so nothing here
     depends on timing."""
@@ -227,7 +228,10 @@ async def test_the_commit_delay_gathers_writes_only_under_a_high_write_rate(
 
     monkeypatch.setattr(writer_module.time, "sleep", arriving_sleep)
     monkeypatch.setattr(worker, "_commit", counting_commit)
-    worker.arrivals.rate = writer_module.GATHER_AT_RATE if case == "busy" else writer_module.GATHER_AT_RATE_CONTENDED
+    worker.arrivals.rate = {"busy": writer_module.GATHER_AT_RATE, "contended": writer_module.GATHER_AT_RATE_CONTENDED,
+                            "waiting": 0.0, "quiet": writer_module.GATHER_AT_RATE_CONTENDED}[case]
+    # this batch's lone write pulls the average down by an eighth of the gap
+    worker._waiting = 2 * writer_module.GATHER_AT_WAITING if case == "waiting" else 1.0
     monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # the rate set here stands for the test
 
     await _submit(store, _put("first"), savepoint=False)
@@ -318,3 +322,29 @@ async def test_lone_writes_pause_once_they_hold_their_callers_too_long(
     await store._write_op(slow_write)
     await store._write_op(_where_it_ran(threads))
     assert threads == [here, "fencepost-sqlite-writer"]
+
+
+async def test_the_writer_tracks_how_many_writes_wait_for_it(store: SqliteStorage) -> None:
+    """Writes queued while a batch commits are counted when the thread wakes
+    for the next one (the commit delay's GATHER_AT_WAITING)."""
+    worker = store._writer
+    for _ in range(12):
+        gate = _hold_writer(store)
+        pending = [_submit(store, _put(f"w{_}-{i}"), savepoint=False) for i in range(6)]
+        gate.set()
+        await asyncio.gather(*pending)
+    assert worker._waiting > 3  # 6 at every wake but the held one's, on a moving average
+
+
+async def test_a_lone_writer_is_never_counted_as_waiting(
+    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencepost_server.storage.sqlite import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)
+    store._calls.rate = writer_module.LONE_WRITE_RATE  # every write to the thread, one at a time
+    threads: list[str] = []
+    for _ in range(20):
+        await store._write_op(_where_it_ran(threads))
+    assert set(threads) == {"fencepost-sqlite-writer"}
+    assert 0 < store._writer._waiting <= 1
