@@ -8,7 +8,8 @@ per event loop answers the whole batch.
 What it guarantees:
 - group commit: one transaction, one COMMIT, one fsync per batch (at most
   `MAX_BATCH` writes); under a high write rate (a lower one while other
-  processes' writers contend for the lock) the writer first lets writes
+  processes' writers contend for the lock), or while writes queue up for
+  the writer faster than it commits them, the writer first lets writes
   gather for up to 2 ms (a commit delay, `_gather`), which at 64 writes in
   flight turns batches of ~3 into batches of ~15 and cut the server's CPU
   per put by ~30% in the measurements of docs/performance.md;
