@@ -264,7 +264,7 @@ async def test_a_lone_write_on_a_quiet_store_commits_on_the_callers_thread(
     here = threading.current_thread().name
     threads: list[str] = []
 
-    store._calls.rate = writer_module.LONE_WRITE_RATE / 2
+    store._load.meter.rate = writer_module.LONE_WRITE_RATE / 2
     version = await store._write_op(_where_it_ran(threads))
     assert threads == [here]
     assert (item := await store.get("k1")) is not None and item.version == version  # committed, readable
@@ -277,9 +277,14 @@ async def test_a_lone_write_on_a_quiet_store_commits_on_the_callers_thread(
     await queued
     assert threads[1] == "fencepost-sqlite-writer"
 
-    store._calls.rate = writer_module.LONE_WRITE_RATE  # a busy store: every write goes to the thread
+    store._load.meter.rate = writer_module.LONE_WRITE_RATE  # a busy store: every write goes to the thread
     await store._write_op(_where_it_ran(threads))
     assert threads[2] == "fencepost-sqlite-writer"
+
+    monkeypatch.setattr(writer_module, "QUIET_SECONDS", 3600.0)
+    store._load.meter.rate = writer_module.LONE_WRITE_RATE / 2  # one quiet window after a busy one is not quiet yet
+    await store._write_op(_where_it_ran(threads))
+    assert threads[3] == "fencepost-sqlite-writer"
 
 
 async def test_a_lone_write_fails_as_a_queued_one_would(store: SqliteStorage) -> None:
@@ -310,7 +315,7 @@ async def test_lone_writes_pause_once_they_hold_their_callers_too_long(
 
     monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)  # a quiet store throughout
     monkeypatch.setattr(writer_module, "LONE_WRITE_PAUSE", 3600.0)
-    store._calls.rate = 0.0
+    store._load.meter.rate = 0.0
     here = threading.current_thread().name
     threads: list[str] = []
 
@@ -342,7 +347,7 @@ async def test_a_lone_writer_is_never_counted_as_waiting(
     from fencepost_server.storage.sqlite import writer as writer_module
 
     monkeypatch.setattr(writer_module, "_RATE_WINDOW", 3600.0)
-    store._calls.rate = writer_module.LONE_WRITE_RATE  # every write to the thread, one at a time
+    store._load.meter.rate = writer_module.LONE_WRITE_RATE  # every write to the thread, one at a time
     threads: list[str] = []
     for _ in range(20):
         await store._write_op(_where_it_ran(threads))

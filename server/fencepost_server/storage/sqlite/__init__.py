@@ -52,7 +52,7 @@ from ..base import (
 from .statements import (
     UPSERT, apply_transaction, bounds, connect, erase, read_item, stored_marker, write_item,
 )
-from .writer import LONE_WRITE_RATE, RateMeter, Worker
+from .writer import StoreLoad, Worker
 
 #: the counter family of this backend's versions (base.version_family)
 _COUNTER_FAMILY = "16"
@@ -82,7 +82,7 @@ class SqliteStorage(Storage):
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
         self._closed = False
-        self._calls = RateMeter()  # reads and writes per second: whether a lone write may commit in place
+        self._load = StoreLoad()  # reads and writes per second: whether a lone write may commit in place
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -92,7 +92,7 @@ class SqliteStorage(Storage):
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        self._calls.add()
+        self._load.count()
         try:
             return fn(self._loop_conn)
         except sqlite3.Error as exc:
@@ -107,7 +107,7 @@ class SqliteStorage(Storage):
         (writer.py, `commit_here`)."""
         if self._closed:
             raise BackendUnavailable("sqlite backend is closed")
-        if self._calls.add() < LONE_WRITE_RATE:
+        if self._load.quiet():
             done = self._writer.commit_here(fn, savepoint)
             if done is not None:
                 if done[0]:

@@ -81,8 +81,13 @@ _CONTENDED_SECONDS = 1.0
 _GATHER_STEP = 0.0005
 _RATE_WINDOW = 0.02  # seconds over which a rate is measured
 #: storage calls per second (reads and writes) under which a write that finds the
-#: writer idle commits on the caller's thread (`Worker.commit_here`)
+#: writer idle commits on the caller's thread (`Worker.commit_here`), once the
+#: store has stayed under it for QUIET_SECONDS: under load a brief stall drops
+#: one window's rate, and a loop that then waited for every fsync would hold
+#: the rate near the bound (seen before this: 1 s dips to half the rate at 64
+#: writes in flight)
 LONE_WRITE_RATE = 1500.0
+QUIET_SECONDS = 0.25
 #: lone writes pause for LONE_WRITE_PAUSE seconds once they have held their
 #: callers for more than LONE_WRITE_SHARE of the wall time since the last
 #: pause check (windows of at least LONE_WRITE_WINDOW seconds): see `Worker.commit_here`
@@ -114,6 +119,27 @@ class RateMeter:
             self._since += elapsed
             self._count = 0
         return self.rate
+
+
+class StoreLoad:
+    """A store's calls per second, and whether it is quiet: under
+    LONE_WRITE_RATE in every window of the last QUIET_SECONDS."""
+
+    __slots__ = ("meter", "_loud_at")
+
+    def __init__(self) -> None:
+        self.meter = RateMeter()
+        self._loud_at = -QUIET_SECONDS
+
+    def count(self) -> None:
+        """Count one call."""
+        if self.meter.add() >= LONE_WRITE_RATE:
+            self._loud_at = time.monotonic()
+
+    def quiet(self) -> bool:
+        """Count one call; whether the store is quiet."""
+        self.count()
+        return time.monotonic() - self._loud_at >= QUIET_SECONDS
 
 
 class Worker:
