@@ -3,8 +3,10 @@
 Writes go to one writer thread that group-commits whatever is queued
 (`writer.Worker`): every queued write runs inside one BEGIN IMMEDIATE
 transaction (a write that needs more than one statement in a SAVEPOINT of
-its own), and one COMMIT (one fsync) acknowledges the whole batch. The SQL
-each operation runs is in `statements`.
+its own), and one COMMIT (one fsync) acknowledges the whole batch. On a
+quiet store (`StoreLoad`) a write the writer is idle for commits on the
+caller's thread instead, the same way, without the two thread hand-offs
+(`Worker.commit_here`). The SQL each operation runs is in `statements`.
 
 Reads run on the calling event loop itself, on a connection of their own: in
 WAL mode a read never waits for the writer, and a primary-key lookup costs a
