@@ -333,9 +333,9 @@ async def test_the_writer_tracks_how_many_writes_wait_for_it(store: SqliteStorag
     """Writes queued while a batch commits are counted when the thread wakes
     for the next one (the commit delay's GATHER_AT_WAITING)."""
     worker = store._writer
-    for _ in range(12):
+    for round_ in range(12):
         gate = _hold_writer(store)
-        pending = [_submit(store, _put(f"w{_}-{i}"), savepoint=False) for i in range(6)]
+        pending = [_submit(store, _put(f"w{round_}-{i}"), savepoint=False) for i in range(6)]
         gate.set()
         await asyncio.gather(*pending)
     assert worker._waiting > 3  # 6 at every wake but the held one's, on a moving average

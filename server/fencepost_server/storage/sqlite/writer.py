@@ -260,10 +260,11 @@ class Worker:
                 return
             batch = [first]
             stop = False
-            self._waiting += (1 + self._queue.qsize() - self._waiting) / 8
             with self._lock:
-                if self._writer and self._delay_due():
-                    self._gather()
+                if self._writer:
+                    self._waiting += (1 + self._queue.qsize() - self._waiting) / 8
+                    if self._delay_due():
+                        self._gather()
                 while len(batch) < MAX_BATCH:
                     try:
                         nxt = self._queue.get_nowait()
