@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..base import Check, CountKeys, Delete, Item, Marker, Put, TxnResult, Write, prefix_end
+from ..base import Check, CountKeys, Delete, Expect, Item, Marker, Put, TxnResult, Write, prefix_end
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -160,6 +161,41 @@ def apply_transaction(
     if erased:
         conn.executemany("DELETE FROM kv WHERE key = ?", erased)
     return TxnResult(True, tuple(versions), count=None if count is None else count_keys(conn, count))
+
+
+def put_marked(conn: sqlite3.Connection, version: Callable[[], str], put: Put, marker: Marker) -> TxnResult:
+    """A single-key write with a request id (marker.item == put.key), in as few
+    statements as the kind of write allows: the marker lookup, then a new row
+    (PutIfAbsent) keeps its marker with it, and an overwrite of a given
+    version is one UPDATE plus the marker as a row of its own. Keeping the
+    marker with an overwritten item would cost more: the item's previous
+    marker would have to move out to its own row all the same, and the
+    partial index change with it. Anything else takes `apply_transaction`."""
+    stored = stored_marker(conn, marker)
+    if stored is not None:  # applied before: apply nothing, say which conditions fail now
+        return replace(apply_transaction(conn, version, (), (put,), dry=True), marker=stored)
+    expect = put.expect
+    v = put.version or version()
+    if expect == _ABSENT:
+        if conn.execute(INSERT_NEW, (put.key.encode(), put.value, v, marker.key.encode(), marker.value)).rowcount:
+            return TxnResult(True, (v,))
+    elif expect is not None and expect.version is not None and expect.exists is None and expect.value is None:
+        if conn.execute(OVERWRITE_VERSION, (put.value, v, put.key.encode(), expect.version)).rowcount:
+            conn.execute(INSERT, (marker.key.encode(), marker.value, "m" + v, None, None))
+            return TxnResult(True, (v,))
+    else:
+        return apply_transaction(conn, version, (), (put,), marker=marker)
+    current = read_item(conn, put.key)  # refused: the item that refused it, read in the same transaction
+    return TxnResult(False, failed=(0,), found={0: current})
+
+
+_ABSENT = Expect(exists=False)
+#: a new row when the key is absent (a present key leaves the statement without a change)
+INSERT_NEW = INSERT + " ON CONFLICT(key) DO NOTHING"
+#: an overwrite of exactly this version; a marker kept with the row moves out (trigger), the columns clear
+OVERWRITE_VERSION = (
+    "UPDATE kv SET value = ?, version = ?, marker_key = NULL, marker_value = NULL WHERE key = ? AND version = ?"
+)
 
 
 def stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
