@@ -187,3 +187,26 @@ async def test_a_sweep_past_the_window_removes_every_expired_marker_kept_with_an
     # the expired request id is no longer remembered: a retry now applies anew
     assert (await kv.put("t", "moved", b"v", request_id="moved")) != moved
     assert await log.sweep() == 0
+
+
+def test_fingerprints_and_outcomes_keep_the_format_stored_markers_were_written_in() -> None:
+    """A retry after an upgrade compares against markers an older build wrote:
+    the fingerprint's bytes and the outcome's JSON must not drift."""
+    import hashlib
+    import json
+
+    from fencepost_server.domain.kv import _fingerprint
+    from fencepost_server.domain.requests import _outcome_json
+
+    assert _fingerprint("put_if_version", "k/é", "r1", hashlib.sha256(b"v").digest()).hex() == (
+        "e6c99caf88d0b2c163a05933933e1d2d53448b9a2f3d496eb36fbfd43096ec1c")
+    assert _fingerprint("txn", [1, "x"], ()).hex() == (
+        "95340650e85a773dead1ada6501dae5f38bb0d23163f99eddcc3bf5e570f8fce")
+    for versions, failed, note in [
+        (["r0a1b"], (), ""), ([None], (), ""), (["r-1"], (), ""), (["ré"], (), ""), ([""], (), ""),
+        (["a", None, "b"], (0, 2), ""), (["a"], (), "sess-1.x_y"), (["a"], (1,), "n\"ote"), ([], (), ""),
+    ]:
+        expected: dict[str, object] = {"v": versions, "f": list(failed)}
+        if note:
+            expected["n"] = note
+        assert _outcome_json(versions, failed, note) == json.dumps(expected).encode()
