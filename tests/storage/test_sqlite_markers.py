@@ -15,7 +15,7 @@ import pytest
 from fencepost_server.domain.kv import KvStore
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.requests import RequestLog
-from fencepost_server.storage import Expect, Marker, Put, TxnResult
+from fencepost_server.storage import BackendUnavailable, Expect, Marker, Put, TxnResult
 from fencepost_server.storage.sqlite import SqliteStorage
 from fencepost_server.storage.sqlite.statements import (
     apply_transaction, connect, create_schema, put_marked, stored_marker,
@@ -86,8 +86,9 @@ def test_the_marked_path_answers_and_stores_as_the_general_one(
     # the same items; the same markers findable (as rows of their own or kept with an item)
     assert {r[:3] for r in _rows(fast)} == {r[:3] for r in _rows(general)}
     assert _markers(fast) == _markers(general)
-    # replayed: found, nothing applied
+    # replayed: found (if it applied), nothing applied, the condition judged as now
     replay = put_marked(fast, _no_version, put, marker)
+    assert replay == _general(general, put, marker)
     assert replay.applied is False and (replay.marker == b"outcome") == got.applied
 
 
@@ -106,5 +107,25 @@ async def test_an_overwrite_stores_its_marker_apart_and_clears_the_one_the_row_k
         assert await kv.put_if_version("t", "k", b"v2", first.version, request_id="b") == second
         refused = await kv.put_if_version("t", "k", b"v3", first.version, request_id="c")
         assert not refused.applied and refused.version == second.version
+    finally:
+        await storage.close()
+
+
+async def test_an_overwrite_whose_marker_cannot_be_stored_changes_nothing(tmp_path: Path) -> None:
+    """The item's UPDATE and its marker's INSERT are two statements: if the
+    second fails, the first must not reach the batch's COMMIT (a retry would
+    then be refused by the version it wrote, unmarked)."""
+    storage = SqliteStorage(tmp_path / "f.db", synchronous="NORMAL")
+    try:
+        kv = KvStore(storage, Limits(), RequestLog(storage))
+        first = await kv.put("t", "k", b"v1")
+        conn = sqlite3.connect(tmp_path / "f.db")
+        conn.execute("CREATE TRIGGER refuse_markers BEFORE INSERT ON kv WHEN CAST(NEW.key AS TEXT) LIKE '#/req/%' "
+                     "BEGIN SELECT RAISE(ABORT, 'no room for markers'); END")
+        conn.close()
+        with pytest.raises(BackendUnavailable):
+            await kv.put_if_version("t", "k", b"v2", first, request_id="a")
+        item = await kv.get("t", "k")
+        assert item is not None and (item.value, item.version) == (b"v1", first)
     finally:
         await storage.close()
