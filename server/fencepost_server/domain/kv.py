@@ -62,11 +62,8 @@ def check_value(value: bytes, limits: Limits, field: str = "value") -> None:
 
 
 def _fingerprint(*parts: object) -> bytes:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(repr(part).encode())
-        h.update(b"\x00")
-    return h.digest()
+    """sha256 over each part's repr followed by a NUL (stored in markers: the format must not change)."""
+    return hashlib.sha256(("\x00".join(map(repr, parts)) + "\x00").encode()).digest()
 
 
 class KvStore:

@@ -46,6 +46,8 @@ def _outcome_json(versions: Sequence[str | None], failed: Sequence[int], note: s
     """`json.dumps({"v": versions, "f": failed[, "n": note]})`, byte for byte,
     without the encoder's per-call set-up for the common case (versions and
     note of letters, digits and `-._`, ASCII); anything else goes through json."""
+    if len(versions) == 1 and not failed and not note and (only := versions[0]) and only.isascii() and only.isalnum():
+        return f'{{"v": ["{only}"], "f": []}}'.encode()  # a single-key write, the most common
     if _plain(note) and all(v is None or (v.isascii() and v.isalnum()) for v in versions):
         v = ", ".join("null" if v is None else f'"{v}"' for v in versions)
         n = f', "n": "{note}"' if note else ""

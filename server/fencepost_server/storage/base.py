@@ -224,6 +224,12 @@ def key_bytes(keys: Iterable[str]) -> int:
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
     """Refuse transactions no backend could apply atomically."""
+    if not checks and len(writes) == 1:  # the common single write: only its size can be wrong
+        w = writes[0]
+        size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0)
+        if size > MAX_TXN_BYTES:
+            raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
+        return
     ops = len(checks) + len(writes)
     if ops > MAX_TXN_OPS:
         raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")

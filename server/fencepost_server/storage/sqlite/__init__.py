@@ -52,7 +52,7 @@ from ..base import (
     validate_transaction,
 )
 from .statements import (
-    UPSERT, apply_transaction, bounds, connect, erase, read_item, stored_marker, write_item,
+    UPSERT, apply_transaction, bounds, connect, erase, put_marked, read_item, stored_marker, write_item,
 )
 from .writer import StoreLoad, Worker
 
@@ -199,6 +199,10 @@ class SqliteStorage(Storage):
         if marker.item is None or not any(isinstance(w, Put) and w.key == marker.item for w in writes):
             return await super().transact_marked(checks, writes, marker)
         validate_transaction(checks, writes)
+        if not checks and len(writes) == 1:
+            put = writes[0]
+            assert isinstance(put, Put)
+            return await self._write_op(lambda conn, version: put_marked(conn, version, put, marker))
 
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
             stored = stored_marker(conn, marker)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..base import Check, CountKeys, Delete, Item, Marker, Put, TxnResult, Write, prefix_end
+from ..base import Check, CountKeys, Delete, Expect, Item, Marker, Put, TxnResult, Write, prefix_end
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -179,6 +180,64 @@ def apply_transaction(
     if erased:
         conn.executemany("DELETE FROM kv WHERE key = ?", erased)
     return TxnResult(True, tuple(versions), count=None if count is None else count_keys(conn, count))
+
+
+def put_marked(conn: sqlite3.Connection, version: Callable[[], str], put: Put, marker: Marker) -> TxnResult:
+    """A single-key write with a request id (marker.item == put.key), in as few
+    statements as the kind of write allows, each writing with one statement
+    (so the writer needs no savepoint for it):
+
+    - an overwrite of a given version (the SDK's CAS): one read of the marker
+      and the item together, then the item and the marker as a row of its
+      own in one statement. Keeping the marker with an overwritten item would
+      cost more: the item's previous marker has to move out to its own row
+      all the same, and the partial index changes with it.
+    - a new row (PutIfAbsent): the marker lookup, then the row keeping its marker.
+    - anything else: `apply_transaction`."""
+    expect = put.expect
+    if expect is None or expect.version is None or expect.exists is not None or expect.value is not None:
+        stored = stored_marker(conn, marker)
+        if stored is not None:  # applied before: apply nothing, say which conditions fail now
+            return replace(apply_transaction(conn, version, (), (put,), dry=True), marker=stored)
+        if expect != _ABSENT:
+            return apply_transaction(conn, version, (), (put,), marker=marker)
+        v = put.version or version()
+        if conn.execute(INSERT_NEW, (put.key.encode(), put.value, v, marker.key.encode(), marker.value)).rowcount:
+            return TxnResult(True, (v,))
+        return TxnResult(False, failed=(0,), found={0: read_item(conn, put.key)})
+    key, mark, previous = put.key.encode(), marker.key.encode(), marker.previous.encode()
+    current, stored = None, None
+    for is_item, value, item_version in conn.execute(_MARKER_AND_ITEM, (mark, previous, mark, previous, key)):
+        if is_item:
+            current = Item(put.key, value, item_version)
+        else:
+            stored = value
+    holds = current is not None and current.version == expect.version
+    if stored is not None:  # applied before: apply nothing, say whether the condition fails now
+        return TxnResult(False, failed=() if holds else (0,), found={} if holds else {0: current}, marker=stored)
+    if not holds:
+        return TxnResult(False, failed=(0,), found={0: current})
+    v = put.version or version()
+    conn.execute(_OVERWRITE_WITH_MARKER, (key, put.value, v, mark, marker.value, "m" + v))
+    return TxnResult(True, (v,))
+
+
+_ABSENT = Expect(exists=False)
+#: a new row when the key is absent (a present key leaves the statement without a change)
+INSERT_NEW = INSERT + " ON CONFLICT(key) DO NOTHING"
+#: a request's marker in either window, as a row or kept with an item (0), and the item it writes (1)
+_MARKER_AND_ITEM = (
+    "SELECT 0, value, NULL FROM kv WHERE key IN (?, ?) "
+    "UNION ALL SELECT 0, marker_value, NULL FROM kv WHERE marker_key IN (?, ?) "
+    "UNION ALL SELECT 1, value, version FROM kv WHERE key = ?"
+)
+#: the item (present: its marker kept, if any, moves out by trigger and the columns clear) and the
+#: marker's own new row, in one statement: both or neither
+_OVERWRITE_WITH_MARKER = (
+    "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, ?, ?, NULL, NULL), "
+    "(?, ?, ?, NULL, NULL) ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+    "marker_key = NULL, marker_value = NULL"
+)
 
 
 def stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
