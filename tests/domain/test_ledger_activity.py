@@ -17,6 +17,7 @@ from fencepost_server.domain.ledger.layout import (
     encode_event,
     encode_inline_event,
     index_prefix,
+    new_session_id,
 )
 from fencepost_server.storage.memory import MemoryStorage
 
@@ -63,6 +64,32 @@ def test_encodings_are_the_canonical_dumps(
     assert a.act_value() == _reference_act(a)
     assert a.entry_value(superseded) == _reference_entry(a, superseded)
     assert Activity.decode(a.act_value()) == a
+
+
+@given(
+    kept=st.lists(st.integers(min_value=1, max_value=10**6), max_size=MAX_KEPT + 3, unique=True).map(sorted),
+    horizon=st.sampled_from([0.0, 0.0001, 300.0]),
+    steps=st.lists(st.tuples(st.integers(min_value=0, max_value=300), st.integers(min_value=-1, max_value=4)),
+                   min_size=1, max_size=80),
+)
+def test_advancing_activity_writes_the_canonical_act_value(
+    kept: list[int], horizon: float, steps: list[tuple[int, int]]
+) -> None:
+    """advance_writes cuts the kept list's text from the previous one (not
+    formatted anew): the value it writes is still the canonical dumps, step
+    after step, whatever it drops (expired, past MAX_KEPT, or every entry)."""
+    now = [0.0]
+    ledger = Ledger(MemoryStorage(), clock=lambda: now[0], config=LedgerConfig(listing_horizon=horizon))
+    sk = ledger.keys(T, new_session_id(A))
+    old = Activity((kept[-1] if kept else 0) + 1, 0, 0, "k", tuple(kept))
+    value = old.act_value()
+    for elapsed_micros, room in steps:
+        now[0] += elapsed_micros / 1e6
+        _, new_value, new = ledger.advance_writes(sk, value, old, old.seq + 1, 7, room)
+        assert new_value == _reference_act(new)
+        assert new.kept_text in (None, ",".join(map(str, new.kept)))
+        assert Activity.decode(new_value) == new
+        old, value = new, new_value
 
 
 _times = st.floats(min_value=0, max_value=4e9, allow_nan=False)

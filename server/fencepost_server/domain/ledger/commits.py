@@ -114,8 +114,8 @@ class CommitMethods(ActivityMethods):
                 else:
                     activity, new_value, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
                 ops, conds = [*writes, *activity], checks
-                size = fixed_size + key_bytes(w.key for w in activity)
-                size += sum(len(w.value) for w in activity if type(w) is Put)
+                size = fixed_size + key_bytes([w.key for w in activity])
+                size += sum([len(w.value) for w in activity if type(w) is Put])
             if size > self.limits.max_txn_bytes:
                 raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
                                   field="records")
