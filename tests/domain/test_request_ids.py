@@ -23,7 +23,6 @@ from fencepost_server.storage import (
     Write,
 )
 from fencepost_server.storage.counting import ObservedStorage
-from fencepost_server.storage.sqlite import SqliteStorage
 
 
 class LoseNextResponse(ObservedStorage):
@@ -109,9 +108,9 @@ async def test_a_single_key_write_keeps_its_marker_with_the_item_where_the_backe
     second = await kv.put_if_version("t", "k", b"v2", first.version, request_id="b")
     await kv.put("t", "p", b"x", request_id="c")
     assert first.applied and second.applied
-    # kept with the item: only a's marker has a row of its own, moved out when b overwrote k;
-    # SQLite keeps an overwrite's marker (b) as a row of its own (cheaper there: statements.put_marked)
-    rows = 3 if not storage.keeps_markers_with_items else 2 if isinstance(storage, SqliteStorage) else 1
+    # kept with the item: a's marker moved out to a row of its own when b overwrote k, b's is a
+    # row of its own (an overwrite's marker is, see storage/sqlite/statements.put_marked), c's stays with p
+    rows = 2 if storage.keeps_markers_with_items else 3
     assert await _marker_rows(storage) == rows
     assert (await kv.put_if_absent("t", "k", b"v1", request_id="a")) == first
     assert (await kv.put_if_version("t", "k", b"v2", first.version, request_id="b")) == second
@@ -141,6 +140,28 @@ async def test_a_reused_request_id_is_refused_with_the_marker_on_the_item(storag
         await kv.put("t", "k", b"different", request_id="same")
     assert refused.value.reason == "REQUEST_ID_REUSED"
     assert (await kv.get("t", "k")).value == b"first"  # type: ignore[union-attr]
+
+
+async def test_a_request_id_kept_with_an_item_is_refused_to_any_other_request(storage: Storage) -> None:
+    """Every request looks for a marker wherever the backend may keep it: a
+    Delete or a Txn reusing a Put's id is refused, and the Put's item stays
+    writable (a second copy of the marker would collide with the first when
+    the item's next write moves it out)."""
+    from fencepost_server.domain.errors import InvalidArgument
+
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    await kv.put("t", "other", b"x")
+    first = await kv.put_if_absent("t", "a", b"v1", request_id="same")
+    for reuse in (lambda: kv.delete("t", "other", request_id="same"),
+                  lambda: kv.txn("t", [], [Put("other", b"y")], [], request_id="same")):
+        with pytest.raises(InvalidArgument) as refused:
+            await reuse()
+        assert refused.value.reason == "REQUEST_ID_REUSED"
+    assert (await kv.get("t", "other")).value == b"x"  # type: ignore[union-attr]
+    second = await kv.put("t", "a", b"v2")
+    assert (await kv.put_if_version("t", "a", b"v3", second, request_id="next")).applied
+    assert await kv.put_if_absent("t", "a", b"v1", request_id="same") == first
+    assert await kv.delete("t", "a")
 
 
 async def test_markers_kept_with_items_survive_an_export_and_import(storage: Storage) -> None:
@@ -187,6 +208,19 @@ async def test_a_sweep_past_the_window_removes_every_expired_marker_kept_with_an
     # the expired request id is no longer remembered: a retry now applies anew
     assert (await kv.put("t", "moved", b"v", request_id="moved")) != moved
     assert await log.sweep() == 0
+
+
+async def test_the_sweep_deletes_expired_markers_a_batch_per_backend_call(storage: Storage) -> None:
+    from fencepost_server.storage.counting import CountingStorage
+
+    now = 1_000_000_000.0
+    bucket = int(now) // 3600 - 2  # past the window
+    for i in range(250):
+        await storage.put(f"{MARKERS}{bucket:010d}/t/{i:04d}", b"m")
+    counted = CountingStorage(storage)
+    assert await RequestLog(counted, clock=lambda: now).sweep() == 250
+    assert counted.calls["transact"] == 3  # 100 + 100 + 50, not one call per marker
+    assert await _marker_rows(storage) == 0
 
 
 def test_fingerprints_and_outcomes_keep_the_format_stored_markers_were_written_in() -> None:

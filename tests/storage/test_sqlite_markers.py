@@ -112,9 +112,9 @@ async def test_an_overwrite_stores_its_marker_apart_and_clears_the_one_the_row_k
 
 
 async def test_an_overwrite_whose_marker_cannot_be_stored_changes_nothing(tmp_path: Path) -> None:
-    """The item's UPDATE and its marker's INSERT are two statements: if the
-    second fails, the first must not reach the batch's COMMIT (a retry would
-    then be refused by the version it wrote, unmarked)."""
+    """The item and its marker's row are written together: if the marker
+    cannot be stored, the item must not change either (a retry would then be
+    refused by the version it wrote, unmarked)."""
     storage = SqliteStorage(tmp_path / "f.db", synchronous="NORMAL")
     try:
         kv = KvStore(storage, Limits(), RequestLog(storage))

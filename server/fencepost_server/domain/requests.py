@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from fencepost import reasons
 
-from ..storage import Check, Marker, Put, Storage, TxnResult, Write, random_hex
+from ..storage import MAX_TXN_OPS, Check, Delete, Marker, Put, Storage, TxnResult, Write, random_hex
 from .errors import InvalidArgument
 from .keys import GLOBAL_PREFIX, tenant_keys
 
@@ -132,8 +132,8 @@ class RequestLog:
         while True:
             keys = await self.storage.list_keys(_PREFIX, None, batch)
             stale = [k for k in keys if int(k[len(_PREFIX):].split("/", 1)[0]) < oldest_kept]
-            for key in stale:
-                await self.storage.delete(key)
+            for i in range(0, len(stale), MAX_TXN_OPS):  # one backend call per batch, not per marker
+                await self.storage.transact((), [Delete(k) for k in stale[i:i + MAX_TXN_OPS]])
             removed += len(stale)
             if len(stale) < len(keys) or not keys:
                 break

@@ -39,6 +39,7 @@ from ..base import (
     BackendUnavailable,
     CasResult,
     Check,
+    Expect,
     EXPORT_PAGE,
     CountKeys,
     Item,
@@ -196,21 +197,30 @@ class SqliteStorage(Storage):
     keeps_markers_with_items = True
 
     async def transact_marked(self, checks: Sequence[Check], writes: Sequence[Write], marker: Marker) -> TxnResult:
-        if marker.item is None or not any(isinstance(w, Put) and w.key == marker.item for w in writes):
-            return await super().transact_marked(checks, writes, marker)
-        validate_transaction(checks, writes)
-        if not checks and len(writes) == 1:
+        """The marker is looked up where SQLite may keep it (a row of its own
+        or with an item, either window) in the transaction that applies the
+        request: a request id a single-key write kept with its item is
+        recognised by every other request too."""
+        kept = marker.item is not None and any(isinstance(w, Put) and w.key == marker.item for w in writes)
+        if kept and not checks and len(writes) == 1:
+            validate_transaction(checks, writes)
             put = writes[0]
             assert isinstance(put, Put)
             return await self._write_op(lambda conn, version: put_marked(conn, version, put, marker))
+        own_row = [] if kept else [Put(marker.key, marker.value)]  # its absence is checked just before
+        # limits count the marker as the other backends store it: a check and a write
+        validate_transaction([*checks, Check(marker.previous, Expect(exists=False))], [*writes, *own_row])
 
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> TxnResult:
             stored = stored_marker(conn, marker)
             if stored is not None:  # applied before: apply nothing, say which conditions fail now
                 return replace(apply_transaction(conn, version, checks, writes, dry=True), marker=stored)
-            return apply_transaction(conn, version, checks, writes, marker=marker)
+            if kept:
+                return apply_transaction(conn, version, checks, writes, marker=marker)
+            result = apply_transaction(conn, version, checks, [*writes, *own_row])
+            return replace(result, versions=result.versions[:-1]) if result.applied else result
 
-        return await self._write_op(op, savepoint=len(writes) > 1)
+        return await self._write_op(op, savepoint=len(writes) + len(own_row) > 1)
 
     async def forget_markers(self, prefix: str) -> None:
         where, args = bounds(prefix, None)

@@ -210,7 +210,7 @@ def put_marked(conn: sqlite3.Connection, version: Callable[[], str], put: Put, m
     for is_item, value, item_version in conn.execute(_MARKER_AND_ITEM, (mark, previous, mark, previous, key)):
         if is_item:
             current = Item(put.key, value, item_version)
-        else:
+        elif stored is None:  # the first found, as stored_marker reports it
             stored = value
     holds = current is not None and current.version == expect.version
     if stored is not None:  # applied before: apply nothing, say whether the condition fails now
