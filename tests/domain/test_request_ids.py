@@ -131,6 +131,19 @@ async def test_an_overwritten_or_deleted_item_hands_its_marker_on(storage: Stora
     assert await kv.get("t", "gone") is None
 
 
+async def test_a_compare_and_set_without_an_id_hands_the_marker_on(storage: Storage) -> None:
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    created = await kv.put_if_absent("t", "k", b"mine", request_id="create")
+    changed = await kv.put_if_version("t", "k", b"theirs", created.version)  # no id: the marker moves out
+    assert changed.applied
+    assert await kv.put_if_absent("t", "k", b"mine", request_id="create") == created
+    again = await kv.put("t", "k", b"again")  # the item keeps no stale copy of the marker to move out twice
+    assert await kv.put_if_absent("t", "k", b"mine", request_id="create") == created
+    assert (await kv.delete_if_version("t", "k", again)).applied
+    assert await kv.put_if_absent("t", "k", b"mine", request_id="create") == created
+    assert await kv.get("t", "k") is None
+
+
 async def test_a_reused_request_id_is_refused_with_the_marker_on_the_item(storage: Storage) -> None:
     from fencepost_server.domain.errors import InvalidArgument
 

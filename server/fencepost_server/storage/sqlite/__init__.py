@@ -53,7 +53,8 @@ from ..base import (
     validate_transaction,
 )
 from .statements import (
-    UPSERT, apply_transaction, bounds, connect, erase, put_marked, read_item, stored_marker, write_item,
+    OVERWRITE_VERSION, UPSERT, apply_transaction, bounds, connect, erase, put_marked, read_item, stored_marker,
+    write_item,
 )
 from .writer import StoreLoad, Worker
 
@@ -167,22 +168,20 @@ class SqliteStorage(Storage):
 
     async def put_if_version(self, key: str, value: bytes, expected: str) -> CasResult:
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> CasResult:
-            current = read_item(conn, key)
-            if current is None or current.version != expected:
-                return CasResult(False, current.version if current else None, current)
             v = version()
-            write_item(conn, key, value, v)
-            return CasResult(True, v)
+            if conn.execute(OVERWRITE_VERSION, (value, v, key.encode(), expected)).rowcount:
+                return CasResult(True, v)
+            current = read_item(conn, key)  # refused: by what, in the same transaction
+            return CasResult(False, current.version if current else None, current)
 
         return await self._write_op(op)
 
     async def delete_if_version(self, key: str, expected: str) -> CasResult:
         def op(conn: sqlite3.Connection, _version: Callable[[], str]) -> CasResult:
-            current = read_item(conn, key)
-            if current is None or current.version != expected:
-                return CasResult(False, current.version if current else None, current)
-            erase(conn, key)
-            return CasResult(True, None)
+            if conn.execute("DELETE FROM kv WHERE key = ? AND version = ?", (key.encode(), expected)).rowcount:
+                return CasResult(True, None)
+            current = read_item(conn, key)  # refused: by what, in the same transaction
+            return CasResult(False, current.version if current else None, current)
 
         return await self._write_op(op)
 

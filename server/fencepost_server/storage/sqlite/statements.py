@@ -225,6 +225,10 @@ def put_marked(conn: sqlite3.Connection, version: Callable[[], str], put: Put, m
 _ABSENT = Expect(exists=False)
 #: a new row when the key is absent (a present key leaves the statement without a change)
 INSERT_NEW = INSERT + " ON CONFLICT(key) DO NOTHING"
+#: an overwrite of exactly this version (a CAS): a marker kept with the row moves out (trigger), the columns clear
+OVERWRITE_VERSION = (
+    "UPDATE kv SET value = ?, version = ?, marker_key = NULL, marker_value = NULL WHERE key = ? AND version = ?"
+)
 #: a request's marker in either window, as a row or kept with an item (0), and the item it writes (1)
 _MARKER_AND_ITEM = (
     "SELECT 0, value, NULL FROM kv WHERE key IN (?, ?) "
