@@ -229,12 +229,13 @@ INSERT_NEW = INSERT + " ON CONFLICT(key) DO NOTHING"
 OVERWRITE_VERSION = (
     "UPDATE kv SET value = ?, version = ?, marker_key = NULL, marker_value = NULL WHERE key = ? AND version = ?"
 )
-#: a request's marker in either window, as a row or kept with an item (0), and the item it writes (1)
-_MARKER_AND_ITEM = (
+#: a request's marker (its keys in this window and the last) as a row of its own, then kept with an item
+_MARKER_ROWS = (
     "SELECT 0, value, NULL FROM kv WHERE key IN (?, ?) "
-    "UNION ALL SELECT 0, marker_value, NULL FROM kv WHERE marker_key IN (?, ?) "
-    "UNION ALL SELECT 1, value, version FROM kv WHERE key = ?"
+    "UNION ALL SELECT 0, marker_value, NULL FROM kv WHERE marker_key IN (?, ?)"
 )
+#: the marker's rows (0) and the item its request writes (1)
+_MARKER_AND_ITEM = _MARKER_ROWS + " UNION ALL SELECT 1, value, version FROM kv WHERE key = ?"
 #: the item (present: its marker kept, if any, moves out by trigger and the columns clear) and the
 #: marker's own new row, in one statement: both or neither
 _OVERWRITE_WITH_MARKER = (
@@ -248,11 +249,8 @@ def stored_marker(conn: sqlite3.Connection, marker: Marker) -> bytes | None:
     """The value of `marker` if it is stored (either window): as its own row
     or kept with an item."""
     keys = (marker.key.encode(), marker.previous.encode())
-    rows = conn.execute(
-        "SELECT value FROM kv WHERE key IN (?, ?) "
-        "UNION ALL SELECT marker_value FROM kv WHERE marker_key IN (?, ?) LIMIT 1", keys + keys,
-    ).fetchall()
-    return bytes(rows[0][0]) if rows else None
+    rows = conn.execute(_MARKER_ROWS + " LIMIT 1", keys + keys).fetchall()
+    return bytes(rows[0][1]) if rows else None
 
 
 def erase(conn: sqlite3.Connection, key: str) -> bool:
