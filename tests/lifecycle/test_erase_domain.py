@@ -94,3 +94,25 @@ async def test_a_fork_made_while_the_parent_is_deleted_is_seen(storage: Storage)
     ledger.live_forks = fork_sneaks_in  # type: ignore[method-assign]
     await _fails(ledger.delete_session(T, parent), {reasons.SESSION_HAS_FORKS})
     assert (await ledger.get(T, raced[0])).parent == parent
+
+
+@pytest.mark.parametrize("pending_on", ["parent", "grandchild"])
+async def test_a_delete_refused_for_pending_events_erases_no_descendant(storage: Storage, pending_on: str) -> None:
+    """delete_descendants without force: an event pending anywhere in the tree
+    refuses the whole delete before any session of it is tombstoned."""
+    ledger = Ledger(storage)
+    parent = (await ledger.open(T, "agent", "p"))[0].session_id
+    lease = await ledger.acquire(T, parent, "A", ttl=30)
+    await ledger.commit(T, parent, lease.generation, 0, [b"p1", b"p2"])
+    child = (await ledger.fork(T, parent, 2, "c")).session_id
+    grandchild = (await ledger.fork(T, child, 1, "g")).session_id
+    sibling = (await ledger.fork(T, parent, 1, "s")).session_id
+    target = parent if pending_on == "parent" else grandchild
+    await ledger.deliver(T, session_id=target, payload=b"waiting")
+
+    await _fails(ledger.delete_session(T, parent, descendants=True), {reasons.INBOX_NOT_EMPTY})
+    for sid in (parent, child, grandchild, sibling):
+        assert (await ledger.get(T, sid)).session_id == sid  # refused: nothing was erased
+    deleted = await ledger.delete_session(T, parent, force=True, descendants=True)
+    assert set(deleted.session_ids) == {parent, child, grandchild, sibling}
+    assert raw_keys_naming(storage, parent, child, grandchild, sibling) == []

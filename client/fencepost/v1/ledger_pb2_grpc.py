@@ -394,7 +394,9 @@ class LedgerServiceServicer:
         call is cut short, the janitor of any replica finishes the removal.
         A retry of a delete that was cut short finishes it and succeeds.
         Errors: FAILED_PRECONDITION / INBOX_NOT_EMPTY (metadata `pending`,
-        `session_id`: drain the inbox, or delete with `force`);
+        `session_id`: the session, or a descendant with `delete_descendants`,
+        whose events wait; nothing was erased: drain the inbox, or delete with
+        `force`);
         FAILED_PRECONDITION / SESSION_HAS_FORKS (metadata `session_id`, `forks`,
         `fork_session_ids`: delete the forks first, or set
         `delete_descendants`); ABORTED / TXN_CONTENDED (leases, deliveries or

@@ -79,8 +79,27 @@ class EraseMethods(SessionMethods):
         session tombstoned, descendants first. An already tombstoned session
         is listed again (its sweep may not have run)."""
         out: list[str] = []
+        if not force and descendants:
+            # every tombstone is final: refuse for an event pending anywhere in
+            # the tree before the first one, not after the forks already went
+            await self._refuse_pending_in_tree(self.keys(tenant, sid))
         await self._tombstone_tree(self.keys(tenant, sid), force, descendants, out)
         return out
+
+    async def _refuse_pending_in_tree(self, sk: SessionKeys) -> None:
+        """INBOX_NOT_EMPTY if the session or a live descendant has events
+        pending. Each tombstone still carries its own proof: an event parked
+        after this check refuses at that session's tombstone."""
+        if await self.storage.get(sk.pending) is not None:
+            pending = await self.count_inbox(sk)
+            if pending:
+                raise FailedPrecondition(
+                    reasons.INBOX_NOT_EMPTY,
+                    f"{pending} event(s) are pending in session {sk.sid!r}: drain them, or delete with force",
+                    {"pending": pending, "session_id": sk.sid},
+                )
+        for child in await self.live_forks(sk):
+            await self._refuse_pending_in_tree(self.keys(sk.tenant, child))
 
     async def _tombstone_tree(self, sk: SessionKeys, force: bool, descendants: bool, out: list[str]) -> None:
         for _ in range(_ATTEMPTS):
