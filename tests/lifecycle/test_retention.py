@@ -115,3 +115,28 @@ async def test_the_server_sweeps_idle_sessions_on_its_own(storage: Storage) -> N
             with pytest.raises(errors.SessionNotFound):
                 await client.get_session(idle)
             assert (await client.get_session(fresh)).session_id == fresh
+
+
+async def test_a_session_taken_up_during_the_idle_check_is_not_erased(storage: Storage) -> None:
+    """A holder that acquires and commits between retention's idle checks and
+    its delete keeps its session: the delete conditions on what was checked."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    journal = Journal(storage, Limits())
+    sid = (await ledger.open(T, "a", "revived"))[0].session_id
+    clock.now += 3 * HOUR
+    real_settled = ledger.settled_activity
+    revived: list[int] = []
+
+    async def revived_meanwhile(sk):  # type: ignore[no-untyped-def]
+        idle = await real_settled(sk)  # what retention decides on: idle
+        if not revived:
+            lease = await ledger.acquire(T, sid, "h", ttl=60)
+            revived.append((await ledger.commit(T, sid, lease.generation, 0, [b"fresh work"])).seq)
+        return idle
+
+    ledger.settled_activity = revived_meanwhile  # type: ignore[method-assign]
+    retention = Retention(storage, ledger, journal, RetentionConfig(idle_session_seconds=2 * HOUR), clock=clock)
+    counts = await retention.sweep_pass()
+    assert revived and counts.sessions_erased == 0 and counts.sessions_waiting == 1
+    assert (await ledger.get(T, sid)).seq == revived[0]

@@ -143,6 +143,11 @@ class Retention:
 
     async def _erase_idle(self, tenant: str, sid: str, now: float, before: float) -> bool:
         sk = self.ledger.keys(tenant, sid)
+        # read before the checks: the delete applies only if no grant and no
+        # commit moved them since (a holder taking the session up meanwhile keeps it)
+        gen, head = await asyncio.gather(self.storage.get(sk.gen), self.storage.get(sk.head))
+        if gen is None or head is None:
+            return False  # gone meanwhile
         lease = await self.storage.get(sk.lease)
         if lease is not None and LeaseState.decode(lease.value).live(now):
             return False  # held: not idle whatever its last commit says
@@ -150,7 +155,7 @@ class Retention:
         if act is not None and act.last_micros >= before * 1e6:
             return False  # its index entry lagged a commit (now settled): not idle
         try:
-            await self.ledger.delete_session(tenant, sid)
+            await self.ledger.delete_session(tenant, sid, unchanged={sk.gen: gen.version, sk.head: head.version})
             return True
         except DomainError:  # live forks, pending events, gone meanwhile, contended: next pass
             return False

@@ -62,19 +62,25 @@ class EraseResult:
 
 class EraseMethods(SessionMethods):
     async def delete_session(
-        self, tenant: str, sid: str, *, force: bool = False, descendants: bool = False
+        self, tenant: str, sid: str, *, force: bool = False, descendants: bool = False,
+        unchanged: dict[str, str] | None = None,
     ) -> EraseResult:
         """Tombstone the session (and its forks first when `descendants`),
         then sweep each. A session already tombstoned but not yet swept is
         swept again (a retried delete succeeds); one fully gone is
-        SESSION_NOT_FOUND."""
-        doomed = await self.tombstone(tenant, sid, force=force, descendants=descendants)
+        SESSION_NOT_FOUND. `unchanged` (key -> version, of the session's `gen`
+        and `head`): delete only if neither moved since the caller read them
+        (retention decided on them), else TXN_CONTENDED and nothing is done."""
+        doomed = await self.tombstone(tenant, sid, force=force, descendants=descendants, unchanged=unchanged)
         removed = 0
         for each in doomed:
             removed += await self.sweep_session(tenant, each)
         return EraseResult(tuple(doomed), removed)
 
-    async def tombstone(self, tenant: str, sid: str, *, force: bool = False, descendants: bool = False) -> list[str]:
+    async def tombstone(
+        self, tenant: str, sid: str, *, force: bool = False, descendants: bool = False,
+        unchanged: dict[str, str] | None = None,
+    ) -> list[str]:
         """DeleteSession's point of no return alone (the sweep follows): every
         session tombstoned, descendants first. An already tombstoned session
         is listed again (its sweep may not have run)."""
@@ -83,7 +89,7 @@ class EraseMethods(SessionMethods):
             # every tombstone is final: refuse for an event pending anywhere in
             # the tree before the first one, not after the forks already went
             await self._refuse_pending_in_tree(self.keys(tenant, sid))
-        await self._tombstone_tree(self.keys(tenant, sid), force, descendants, out)
+        await self._tombstone_tree(self.keys(tenant, sid), force, descendants, out, unchanged)
         return out
 
     async def _refuse_pending_in_tree(self, sk: SessionKeys) -> None:
@@ -101,7 +107,10 @@ class EraseMethods(SessionMethods):
         for child in await self.live_forks(sk):
             await self._refuse_pending_in_tree(self.keys(sk.tenant, child))
 
-    async def _tombstone_tree(self, sk: SessionKeys, force: bool, descendants: bool, out: list[str]) -> None:
+    async def _tombstone_tree(
+        self, sk: SessionKeys, force: bool, descendants: bool, out: list[str],
+        unchanged: dict[str, str] | None = None,
+    ) -> None:
         for _ in range(_ATTEMPTS):
             meta_i, gen_i, pending_i, forks_i = await asyncio.gather(
                 self.storage.get(sk.meta), self.storage.get(sk.gen),
@@ -112,6 +121,8 @@ class EraseMethods(SessionMethods):
                     out.append(sk.sid)  # tombstoned already: sweep it again
                     return
                 raise session_not_found(sk.sid)
+            if unchanged is not None and unchanged.get(sk.gen) != gen_i.version:
+                raise contended("DeleteSession")  # a grant or a release since the caller's decision
             # listed AFTER the forks marker was read: a fork made since moves the marker
             live = await self.live_forks(sk)
             if live:
@@ -129,9 +140,11 @@ class EraseMethods(SessionMethods):
             checks: list[Check] = [
                 Check(sk.forks, Expect(exists=False) if forks_i is None else Expect(version=forks_i.version))
             ]
+            # with `unchanged`, a commit since the caller's decision (head moved) fails the tombstone
+            head_expect = None if unchanged is None else Expect(version=unchanged.get(sk.head))
             writes: list[Write] = [
                 Put(sk.gen, erased_value(parse_gen(gen_i.value)[0] + 1), Expect(value=gen_i.value)),
-                Delete(sk.meta), Delete(sk.head), Delete(sk.lease),
+                Delete(sk.meta), Delete(sk.head, head_expect), Delete(sk.lease),
                 Delete(identity_key(sk.tenant, sk.agent, meta.key), Expect(value=sk.sid.encode())),
                 Put(sk.erase, dumps({"tenant": sk.tenant, "parent": meta.parent, "t": self.clock()})),
             ]
@@ -148,6 +161,8 @@ class EraseMethods(SessionMethods):
                 self.events("ledger.sessions_deleted")
                 out.append(sk.sid)
                 return
+            if unchanged is not None:
+                raise contended("DeleteSession")  # the caller decides again, on what it reads then
             # a grant, a delivery or a fork raced the tombstone: decide again
         raise contended("DeleteSession")
 
