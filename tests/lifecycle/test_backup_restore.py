@@ -162,6 +162,23 @@ def test_backup_of_a_missing_sqlite_file_is_a_usage_error(tmp_path: Path) -> Non
     assert code == Exit.USAGE and not (tmp_path / "nope.db").exists()
 
 
+@pytest.mark.parametrize("suffix", ["", "-wal"])
+async def test_backup_refuses_to_write_over_its_own_store(tmp_path: Path, suffix: str) -> None:
+    """`--out` naming the SQLite file being backed up (a slip of the keyboard)
+    must not replace the store with its archive."""
+    db = tmp_path / "live.db"
+    items = await _fill(f"sqlite://{db}", 20)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code = await _main("backup", "--backend", f"sqlite://{db}", "--out", str(tmp_path / ("." + "/live.db" + suffix)))
+    assert code == Exit.USAGE
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    storage = open_backend(f"sqlite://{db}")
+    try:
+        assert await _items(storage) == items
+    finally:
+        await storage.close()
+
+
 def test_progress_draws_a_bar_on_a_terminal() -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -22,7 +22,16 @@ from typing import TextIO
 from ..storage import EXPORT_PAGE, Item, StorageError
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
 from .progress import Progress
-from .stores import Exit, LifecycleError, count_snapshot, is_empty, open_existing, scheme_of, source
+from .stores import (
+    Exit,
+    LifecycleError,
+    count_snapshot,
+    is_empty,
+    open_existing,
+    refuse_own_files,
+    scheme_of,
+    source,
+)
 from .verify import Comparison, RangeDigester, RangeSummary, compare, compare_ranges
 
 
@@ -46,6 +55,7 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     loop = asyncio.get_running_loop()
     started = loop.time()
     snapshot_file = out.with_name(out.name + ".snapshot.db")
+    refuse_own_files(url, out, "--out")
     try:
         async with source(url, snapshot_file) as src:
             progress = Progress("backup", count_snapshot(src), stream=stream)

@@ -41,14 +41,30 @@ def scheme_of(url: str) -> str:
     return urlsplit(url).scheme
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file a sqlite:// URL names (None for another backend or :memory:)."""
+    parts = urlsplit(url)
+    path = unquote(parts.netloc + parts.path)
+    return Path(path) if parts.scheme == "sqlite" and path and path != ":memory:" else None
+
+
+def refuse_own_files(url: str, out: Path, flag: str) -> None:
+    """USAGE if `out` is the SQLite file at `url` or one of its companions:
+    writing there would replace the store itself."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    own = {path.resolve().with_name(path.name + suffix) for suffix in ("", "-wal", "-shm", "-journal")}
+    if out.resolve() in own:
+        raise LifecycleError(f"{flag} {out} is the store {url} itself (or one of its files)", Exit.USAGE)
+
+
 def open_existing(url: str, *, may_create: bool = False) -> Storage:
     """The backend at `url`. Unless `may_create`, a SQLite file that does not
     exist is refused (opening it would create an empty store and back *that* up)."""
-    parts = urlsplit(url)
-    if parts.scheme == "sqlite" and not may_create:
-        path = unquote(parts.netloc + parts.path)
-        if path and path != ":memory:" and not Path(path).exists():
-            raise LifecycleError(f"no SQLite file at {path}", Exit.USAGE)
+    path = sqlite_path(url)
+    if path is not None and not may_create and not path.exists():
+        raise LifecycleError(f"no SQLite file at {path}", Exit.USAGE)
     try:
         return open_backend(url)
     except ValueError as exc:
