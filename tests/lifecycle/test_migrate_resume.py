@@ -101,3 +101,18 @@ async def test_migrate_refuses_a_non_empty_target(tmp_path: Path) -> None:
     proc = _migrate(source, target_url, tmp_path / "work")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "not empty" in err
+
+
+async def test_a_missing_source_is_a_usage_error_that_leaves_nothing(tmp_path: Path) -> None:
+    """A mistyped --from: exit 2, and neither an empty target file nor a
+    checkpoint that would tie the work directory to the wrong source."""
+    source = await _source(tmp_path / "source.db", 10)
+    target = tmp_path / "target.db"
+    proc = _migrate(source.replace("source.db", "sourse.db"), f"sqlite://{target}", tmp_path / "work")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "no SQLite file" in err
+    assert not target.exists() and not (tmp_path / "work" / "checkpoint.json").exists()
+    # the same store under two spellings is one store
+    proc = _migrate(source, source.replace("source.db", "./source.db"), tmp_path / "work")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "same store" in err

@@ -43,6 +43,7 @@ from .stores import (
     open_existing,
     remove_sqlite_files,
     source,
+    sqlite_path,
 )
 from .verify import Comparison, compare
 
@@ -149,8 +150,11 @@ async def migrate(
     create_table: bool = False,
     stream: TextIO | None = None,
 ) -> MigrationReport:
-    if source_url == target_url:
+    source_file, target_file = sqlite_path(source_url), sqlite_path(target_url)
+    if source_url == target_url or (source_file and target_file and source_file.resolve() == target_file.resolve()):
         raise LifecycleError("--from and --to name the same store", Exit.USAGE)
+    if source_file is not None and not source_file.exists():  # before the target or a checkpoint is made
+        raise LifecycleError(f"no SQLite file at {source_file}", Exit.USAGE)
     work = work_dir or work_dir_for(source_url, target_url)
     work.mkdir(parents=True, exist_ok=True)
     checkpoint_file = work / "checkpoint.json"
