@@ -116,3 +116,13 @@ async def test_a_missing_source_is_a_usage_error_that_leaves_nothing(tmp_path: P
     proc = _migrate(source, source.replace("source.db", "./source.db"), tmp_path / "work")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "same store" in err
+
+
+async def test_an_unreadable_checkpoint_is_refused_clearly(tmp_path: Path) -> None:
+    source = await _source(tmp_path / "source.db", 10)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "checkpoint.json").write_text('{"source": ')  # not one this command wrote
+    proc = _migrate(source, f"sqlite://{tmp_path / 'target.db'}", work)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "checkpoint" in err and "unexpected" not in err

@@ -63,11 +63,15 @@ class Checkpoint:
     def load(cls, path: Path, source_url: str, target_url: str) -> Checkpoint | None:
         if not path.exists():
             return None
-        raw = json.loads(path.read_text())
-        if raw.get("source") != source_url or raw.get("target") != target_url:
-            raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}",
-                                 Exit.REFUSED)
-        return cls(raw["source"], raw["target"], raw["phase"], raw.get("last_key"), int(raw["copied"]), path)
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("source") != source_url or raw.get("target") != target_url:
+                raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}",
+                                     Exit.REFUSED)
+            return cls(raw["source"], raw["target"], raw["phase"], raw.get("last_key"), int(raw["copied"]), path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise LifecycleError(f"{path} is not a checkpoint this command can read ({exc!r}): use another "
+                                 "--work-dir, or empty the target and delete this one", Exit.REFUSED) from None
 
     def save(self) -> None:
         data = {k: v for k, v in asdict(self).items() if k != "path"}
