@@ -36,7 +36,10 @@ class ErasureOperation(_message.Message):
     done: _builtins.bool
     """True once every key of the scope is gone."""
     agent: _builtins.str
-    """The agent erased ("" for a whole tenant)."""
+    """The agent erased ("" for a whole tenant). A finished erasure keeps no
+    name of what it erased, so this is "" too once `done` (keep the name
+    returned at the start to tell an agent's erasure from a tenant's).
+    """
     phase: _builtins.str
     """What it does now: "fence" (tombstoning sessions), "sweep" (removing
     keys), "directory" (removing what the backend keeps besides items that

@@ -30,7 +30,11 @@ export interface ErasureOperation {
   name: string;
   /** True once every key of the scope is gone. */
   done: boolean;
-  /** The agent erased ("" for a whole tenant). */
+  /**
+   * The agent erased ("" for a whole tenant). A finished erasure keeps no
+   * name of what it erased, so this is "" too once `done` (keep the name
+   * returned at the start to tell an agent's erasure from a tenant's).
+   */
   agent: string;
   /**
    * What it does now: "fence" (tombstoning sessions), "sweep" (removing
