@@ -91,3 +91,17 @@ async def test_agent_names_that_look_like_the_layout(storage: Storage) -> None:
     await eraser.run_pending()
     assert (await eraser.get(T, op.name)).sessions_fenced == 4
     assert raw_keys_naming(storage, "tenant/") == []
+
+
+async def test_a_request_id_never_returns_another_scopes_operation(storage: Storage) -> None:
+    """An agent named "None" and the whole tenant, started with one request id:
+    two operations, and the tenant's erasure runs."""
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    await _agent_with_sessions(ledger, "other", 1)
+    agent_op = await eraser.start(T, "None", request_id="r1")
+    tenant_op = await eraser.start(T, None, request_id="r1")
+    assert tenant_op.name != agent_op.name and tenant_op.agent == ""
+    await eraser.run_pending()
+    assert (await eraser.get(T, tenant_op.name)).sessions_fenced == 1
+    assert raw_keys_naming(storage, "tenant/") == []

@@ -120,7 +120,9 @@ class Eraser:
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")
-        seed = f"{tenant}\x00{agent}\x00{request_id}" if request_id else uuid.uuid4().hex
+        # the tenant scope as NUL, a name no agent has (as `None` it was the agent "None")
+        scope = "\x00" if agent is None else agent
+        seed = f"{tenant}\x00{scope}\x00{request_id}" if request_id else uuid.uuid4().hex
         op_id = _digest(seed)[:32]
         now = self.clock()
         state: dict[str, object] = {
