@@ -150,6 +150,17 @@ async def test_restore_refuses_a_damaged_archive_before_writing(tmp_path: Path, 
     assert not target.exists()  # refused before the target was even opened
 
 
+@pytest.mark.parametrize("what", ["missing", "a directory"])
+def test_restore_from_no_archive_file_is_a_usage_error(tmp_path: Path, what: str) -> None:
+    """A mistyped --in is not a damaged archive (exit 4 tells the operator the backup is bad)."""
+    archive = tmp_path / "backup.arch"
+    if what == "a directory":
+        archive.mkdir()
+    target = tmp_path / "b.db"
+    assert main(["restore", "--backend", f"sqlite://{target}", "--in", str(archive)]) == Exit.USAGE
+    assert not target.exists()
+
+
 def test_a_damaged_gzip_archive_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "x.arch.gz"
     out.write_bytes(gzip.compress(b'{"format": "fencepost-archive", "v": 1}\n')[:-6])

@@ -96,6 +96,8 @@ async def restore(
 ) -> RestoreReport:
     loop = asyncio.get_running_loop()
     started = loop.time()
+    if not archive.is_file():
+        raise LifecycleError(f"no archive file at {archive}", Exit.USAGE)
     try:
         reader = ArchiveReader(archive)
         trailer = reader.verify()  # every checksum, before anything is written
