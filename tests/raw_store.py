@@ -34,7 +34,13 @@ def raw_items(storage: Storage) -> dict[str, bytes]:
     if isinstance(storage, SqliteStorage):
         with sqlite3.connect(storage.path) as conn:  # a reader of its own on the WAL file
             rows = conn.execute("SELECT key, value FROM kv").fetchall()
-        return {(k.decode() if isinstance(k, bytes) else k): bytes(v) for k, v in rows}
+            # every column holding data counts: a request-id marker kept in its item's row
+            # is reported at its own key, where the other backends keep it
+            rows += conn.execute("SELECT marker_key, marker_value FROM kv WHERE marker_key IS NOT NULL").fetchall()
+        out: dict[str, bytes] = {}
+        for k, v in rows:
+            out.setdefault(k.decode() if isinstance(k, bytes) else k, bytes(v))
+        return out
     if isinstance(storage, DynamoStorage):
         client = boto3.client("dynamodb", endpoint_url=storage.endpoint_url, region_name=storage.region)
         out: dict[str, bytes] = {}

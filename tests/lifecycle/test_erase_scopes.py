@@ -133,3 +133,16 @@ async def test_tenant_erasure_leaves_nothing_of_the_tenant(storage: Storage, app
         assert outside(after, ["doomed-tenant"]) == outside(before, ["doomed-tenant"])
         assert (await op.get_operation(started.name)).done  # still answerable, naming nothing
         assert [k async for k in op.list("")] == []
+
+
+async def test_a_put_retried_after_an_agent_erasure_gets_its_first_answer(storage: Storage, app: App) -> None:
+    """The agent's KV request-id markers outlive an agent erasure on every
+    backend (docs/lifecycle.md): a retry within the window is answered from
+    its marker and writes nothing, instead of creating the erased key again."""
+    async with connect(app, "op-doomed") as op:
+        key = author_kv("doomed-agent")("setting")
+        first = await op.put(key, b"author-kv", request_id="put-1")
+        done = await op.wait_operation((await op.erase_agent("doomed-agent")).name)
+        assert done.done and await op.get_with_version(key) is None
+        assert await op.put(key, b"author-kv", request_id="put-1") == first  # the first answer
+        assert await op.get_with_version(key) is None, "the retry wrote the erased key again"

@@ -205,9 +205,14 @@ class Eraser:
             return
         if "prefixes" not in state:  # fixed once, so the cursor indexes the same list on every replica
             state["prefixes"] = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
-            for prefix in state["prefixes"]:  # type: ignore[attr-defined]
-                # markers kept with the doomed items would outlive them as items of their own
-                await self.storage.forget_markers(prefix)
+            # Request-id markers kept with the doomed items (SQLite) become items of
+            # their own when the items go, as every backend keeps them. A tenant's go
+            # too: forgotten here, since the marker buckets to sweep are already listed.
+            # An agent's stay, as on every backend (they belong to the tenant, and a
+            # retry within their window gets its first answer instead of writing again).
+            if not isinstance(agent, str):
+                for prefix in state["prefixes"]:  # type: ignore[attr-defined]
+                    await self.storage.forget_markers(prefix)
         prefixes = list(state["prefixes"])  # type: ignore[call-overload]
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if state["phase"] == "sweep":
