@@ -7,6 +7,7 @@ import pytest
 from fencepost import reasons
 from fencepost_server.domain.errors import DomainError
 from fencepost_server.domain.ledger import Ledger, LedgerConfig
+from fencepost_server.domain.schedule import Schedule
 from fencepost_server.storage import Storage
 from tests.domain.test_ledger import FakeClock
 from tests.raw_store import raw_keys_naming
@@ -116,3 +117,23 @@ async def test_a_delete_refused_for_pending_events_erases_no_descendant(storage:
     deleted = await ledger.delete_session(T, parent, force=True, descendants=True)
     assert set(deleted.session_ids) == {parent, child, grandchild, sibling}
     assert raw_keys_naming(storage, parent, child, grandchild, sibling) == []
+
+
+async def test_a_reminder_listing_never_returns_a_fold_read_after_the_delete(storage: Storage) -> None:
+    """ListReminders folds the session's log: a delete landing while it reads
+    makes it SESSION_NOT_FOUND, never a listing read past the tombstone."""
+    ledger = Ledger(storage, config=LedgerConfig(read_page=2))
+    schedule = Schedule(ledger)
+    sid = (await ledger.open(T, "agent", "k"))[0].session_id
+    lease = await ledger.acquire(T, sid, "A", ttl=30)
+    await ledger.commit(T, sid, lease.generation, 0, [b"r1", b"r2", b"r3"])
+    await schedule.create(T, sid, lease.generation, "ping", after_seconds=60)
+    real_pages = ledger.log_pages
+
+    async def deleted_meanwhile(*args, **kwargs):  # type: ignore[no-untyped-def]
+        async for page in real_pages(*args, **kwargs):
+            yield page
+            await ledger.tombstone(T, sid, force=True)
+
+    ledger.log_pages = deleted_meanwhile  # type: ignore[method-assign]
+    await _fails(schedule.list(T, sid), {reasons.SESSION_NOT_FOUND})

@@ -135,6 +135,8 @@ class Schedule:
             current = cached
             async for page in self.ledger.log_pages(tenant, sid, current.seq + 1, head):
                 current = current.apply(page)
+            if await self.storage.get(sk.head) is None:  # deleted while its log was read (as ReadLog)
+                raise session_not_found(sid)
             cached = replace(current, seq=head)
         self._folds[key] = cached
         self._folds.move_to_end(key)
