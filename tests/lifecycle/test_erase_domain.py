@@ -137,3 +137,20 @@ async def test_a_reminder_listing_never_returns_a_fold_read_after_the_delete(sto
 
     ledger.log_pages = deleted_meanwhile  # type: ignore[method-assign]
     await _fails(schedule.list(T, sid), {reasons.SESSION_NOT_FOUND})
+
+
+async def test_an_inbox_listing_never_returns_a_payload_the_delete_swept(storage: Storage) -> None:
+    """ListInbox lists the events, then reads the payloads kept as blobs: a
+    delete sweeping in between makes it SESSION_NOT_FOUND, never an event
+    with an empty payload."""
+    ledger = Ledger(storage)
+    sid = (await ledger.open(T, "agent", "k"))[0].session_id
+    await ledger.deliver(T, session_id=sid, payload=b"y" * (70 * 1024))
+    real_event = ledger._event
+
+    async def swept_meanwhile(sk, item):  # type: ignore[no-untyped-def]
+        await ledger.delete_session(T, sid, force=True)
+        return await real_event(sk, item)
+
+    ledger._event = swept_meanwhile  # type: ignore[method-assign]
+    await _fails(ledger.list_inbox(T, sid), {reasons.SESSION_NOT_FOUND})

@@ -131,12 +131,16 @@ class InboxMethods(SessionMethods, LeaseMethods):
             # a blob swept or an id collision: try again with a fresh id
         raise contended("Deliver")
 
-    async def _event(self, sk: SessionKeys, item: Item) -> InboxEvent:
+    async def _event(self, sk: SessionKeys, item: Item) -> InboxEvent | None:
+        """The event of a listed inbox item; None when its payload blob is gone
+        (written before the item, so: consumed or erased since it was listed)."""
         header, body = decode_event(item.value)
         inbox_id = item.key[len(sk.inbox):]
         if header.get("b"):
             blob = await self.storage.get(sk.blob_key(inbox_id))
-            body = blob.value if blob is not None else b""
+            if blob is None:
+                return None
+            body = blob.value
         return InboxEvent(inbox_id, body, str(header.get("d", "")), float(header["t"]))  # type: ignore[arg-type]
 
     async def list_inbox(
@@ -153,8 +157,12 @@ class InboxMethods(SessionMethods, LeaseMethods):
         if head is None:
             raise session_not_found(sid)
         # Payloads over the inline limit are one get each: read side by side.
-        events = list(await asyncio.gather(*(self._event(sk, it) for it in items[:limit])))
-        nxt = await self.pages.issue(tenant, listing, events[-1].inbox_id) if len(items) > limit else ""
+        read = await asyncio.gather(*(self._event(sk, it) for it in items[:limit]))
+        if None in read and await self.storage.get(sk.head) is None:
+            raise session_not_found(sid)  # swept while it was read
+        events = [e for e in read if e is not None]
+        last = items[limit - 1].key[len(sk.inbox):] if len(items) > limit else ""  # listed, even if gone since
+        nxt = await self.pages.issue(tenant, listing, last) if last else ""
         return events, nxt
 
     async def watch_inbox(self, tenant: str, sid: str, generation: int) -> AsyncIterator[InboxEvent]:
@@ -180,8 +188,8 @@ class InboxMethods(SessionMethods, LeaseMethods):
                     for it in items:
                         inbox_id = it.key[len(sk.inbox):]
                         present.add(inbox_id)
-                        if inbox_id not in seen:
-                            yield await self._event(sk, it)
+                        if inbox_id not in seen and (event := await self._event(sk, it)) is not None:
+                            yield event
                     if len(items) < 200:
                         break
                     start = items[-1].key
