@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from fencepost import errors
+from fencepost import errors, reasons
 
+from fencepost_server.domain.errors import DomainError
 from fencepost_server.domain.journal import Journal, JournalConfig
 from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.limits import Limits
@@ -140,3 +141,23 @@ async def test_a_session_taken_up_during_the_idle_check_is_not_erased(storage: S
     counts = await retention.sweep_pass()
     assert revived and counts.sessions_erased == 0 and counts.sessions_waiting == 1
     assert (await ledger.get(T, sid)).seq == revived[0]
+
+
+async def test_an_archive_read_while_retention_deletes_it_is_not_found(storage: Storage) -> None:
+    """ReadArchive reads the archive's marker, then its segments: retention
+    deleting it in between makes it ARCHIVE_NOT_FOUND, never a part of it."""
+    clock = FakeClock()
+    journal = Journal(storage, Limits(), JournalConfig(max_journal_bytes=600), clock=clock)
+    await _rotate(journal, "a", "old")
+    await _rotate(journal, "a", "old2")
+    name = (await journal.list_archives(T, "a")).archives[0].name
+    real_segments = journal._segments
+
+    async def expired_meanwhile(keys, gen):  # type: ignore[no-untyped-def]
+        assert await journal.expire_archives(T, "a", int((clock.now + 1) * 1000)) >= 1
+        return await real_segments(keys, gen)
+
+    journal._segments = expired_meanwhile  # type: ignore[method-assign]
+    with pytest.raises(DomainError) as exc:
+        await journal.read_archive(T, "a", name)
+    assert exc.value.reason == reasons.ARCHIVE_NOT_FOUND

@@ -392,11 +392,17 @@ class Journal:
     async def read_archive(self, tenant: str, agent: str, name: str) -> tuple[ArchiveInfo, JournalView]:
         check_agent(agent, "agent")
         keys = _keys(tenant, agent)
+        missing = NotFound(reasons.ARCHIVE_NOT_FOUND, f"no archive named {name!r}", {"name": name, "agent": agent})
         item = await self.storage.get(keys.archive + name) if name and "/" not in name else None
         if item is None:
-            raise NotFound(reasons.ARCHIVE_NOT_FOUND, f"no archive named {name!r}", {"name": name, "agent": agent})
+            raise missing
         gen = json.loads(item.value)["gen"]
-        return _archive_info(name, item.value), _view(await self._segments(keys, gen))
+        segments = await self._segments(keys, gen)
+        # retention deletes the segments, then the marker: read the marker again,
+        # so an archive it deleted meanwhile is not found rather than returned in part
+        if await self.storage.get(keys.archive + name) is None:
+            raise missing
+        return _archive_info(name, item.value), _view(segments)
 
     # -- flush --------------------------------------------------------------
     async def _acquire(self, keys: _Keys) -> tuple[str, str] | None:
