@@ -211,3 +211,20 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([command, "--help"])
         assert exit_.value.code == 0
         assert "exit codes" in capsys.readouterr().out
+
+
+async def test_a_renamed_archive_still_restores(tmp_path: Path) -> None:
+    """Compression is read from the file's first bytes, not its name: an
+    archive renamed with or without `.gz` is not "damaged"."""
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    items = await _fill(source, 30)
+    for written, renamed in (("x.arch.gz", "x.arch"), ("y.arch", "y.arch.gz")):
+        assert await _main("backup", "--backend", source, "--out", str(tmp_path / written)) == 0
+        (tmp_path / written).rename(tmp_path / renamed)
+        target = f"sqlite://{tmp_path / (renamed + '.db')}"
+        assert await _main("restore", "--backend", target, "--in", str(tmp_path / renamed)) == 0
+        storage = open_backend(target)
+        try:
+            assert await _items(storage) == items
+        finally:
+            await storage.close()

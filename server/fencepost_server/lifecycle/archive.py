@@ -44,8 +44,18 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _open(path: Path, mode: str) -> IO[bytes]:
-    if path.name.endswith(".gz") or path.name.endswith(".gz.partial"):
+    """Writing: compressed when the name ends in `.gz`. Reading: compressed
+    when the file starts like gzip, whatever its name (archives get renamed)."""
+    if mode.startswith("r"):
+        with path.open("rb") as f:
+            compressed = f.read(2) == _GZIP_MAGIC
+    else:
+        compressed = path.name.endswith(".gz") or path.name.endswith(".gz.partial")
+    if compressed:
         return gzip.open(path, mode)  # type: ignore[return-value]
     return path.open(mode)
 
