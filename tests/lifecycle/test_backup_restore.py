@@ -150,6 +150,15 @@ async def test_restore_refuses_a_damaged_archive_before_writing(tmp_path: Path, 
     assert not target.exists()  # refused before the target was even opened
 
 
+def test_restore_into_a_directory_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    archive = tmp_path / "backup.arch"
+    assert main(["backup", "--backend", "memory://", "--out", str(archive)]) == 0
+    (tmp_path / "dir.db").mkdir()
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'dir.db'}", "--in", str(archive)]) == Exit.FAILED
+    err = capsys.readouterr().err
+    assert "cannot open" in err and "unexpected" not in err
+
+
 @pytest.mark.parametrize("what", ["missing", "a directory"])
 def test_restore_from_no_archive_file_is_a_usage_error(tmp_path: Path, what: str) -> None:
     """A mistyped --in is not a damaged archive (exit 4 tells the operator the backup is bad)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ..storage import Storage, open_backend
+from ..storage import Storage, StorageError, open_backend
 
 
 class Exit(enum.IntEnum):
@@ -69,6 +69,8 @@ def open_existing(url: str, *, may_create: bool = False) -> Storage:
         return open_backend(url)
     except ValueError as exc:
         raise LifecycleError(str(exc), Exit.USAGE) from exc
+    except StorageError as exc:  # e.g. a path that is a directory, or not writable
+        raise LifecycleError(f"cannot open {url}: {exc}") from exc
 
 
 async def is_empty(storage: Storage) -> bool:
