@@ -15,8 +15,10 @@ import pytest
 from fencepost_server.cli import main
 from fencepost_server.lifecycle import ArchiveError, ArchiveReader, Exit, backup, restore
 from fencepost_server.lifecycle.progress import Progress
+from fencepost_server.lifecycle.stores import count_snapshot, source
 from fencepost_server.storage import Item, Storage, open_backend
 from fencepost_server.storage.base import version_family
+from tests.conftest import running
 from tests.dynamo_support import backend_url, new_dynamo_storage
 
 KEYS = ["a", "t/kv/é", "t/kv/x", "t/sys/ledger/s/0001", "#/req/1/t/r", "日本/kv/k"]
@@ -237,3 +239,16 @@ async def test_a_renamed_archive_still_restores(tmp_path: Path) -> None:
             assert await _items(storage) == items
         finally:
             await storage.close()
+
+
+async def test_the_progress_total_counts_the_markers_kept_in_rows(tmp_path: Path) -> None:
+    """A request-id marker kept in its item's row (SQLite) is exported as an
+    item of its own: the progress bar's total counts it too."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    storage = open_backend(url)
+    async with running(storage) as srv, srv.client(timeout=10) as client:
+        await client.put("k", b"v", request_id="r1")
+    await storage.close()
+    async with source(url, tmp_path / "snapshot.db") as src:
+        exported = [i async for page in src.read.export_items() for i in page]
+        assert len(exported) == 2 and count_snapshot(src) == 2

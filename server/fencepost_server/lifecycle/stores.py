@@ -128,13 +128,14 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
 
 
 def count_snapshot(src: Source) -> int | None:
-    """Items in a snapshot (a cheap COUNT on the file), for the progress bar."""
+    """Items in a snapshot (a cheap COUNT on the file), for the progress bar:
+    the rows, and the request-id markers kept in rows (exported as items)."""
     if src.snapshot_file is None:
         return None
     import sqlite3
 
     conn = sqlite3.connect(str(src.snapshot_file))  # our own copy: nobody else writes it
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM kv").fetchone()[0])
+        return int(conn.execute("SELECT COUNT(*) + COUNT(marker_key) FROM kv").fetchone()[0])
     finally:
         conn.close()
