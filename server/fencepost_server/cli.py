@@ -18,6 +18,7 @@ from fencepost.cli.args import (
     log_level,
     non_negative_seconds,
     positive_int,
+    positive_seconds,
     readable_file,
 )
 
@@ -88,7 +89,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     ret.add_argument("--retain-commit-markers", type=non_negative_seconds, default=0.0, metavar="SECONDS",
                      help="delete commit_id idempotency markers older than this (a retry after it is "
                           "not replayed; it fails with SEQUENCE_MISMATCH)")
-    ret.add_argument("--retention-seconds", type=non_negative_seconds, default=60.0, metavar="SECONDS",
+    ret.add_argument("--retention-seconds", type=positive_seconds, default=60.0, metavar="SECONDS",
                      help="one bounded retention pass this often (default %(default)s)")
     ret.add_argument("--retention-batch", type=positive_int, default=1000, metavar="N",
                      help="list calls per retention pass (default %(default)s)")

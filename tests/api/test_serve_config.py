@@ -69,6 +69,7 @@ def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: s
     pytest.param("--grace", "nan", ">= 0", id="grace-nan"),
     pytest.param("--max-receive-bytes", "0", ">= 1", id="max-receive-bytes-zero"),
     pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
+    pytest.param("--retention-seconds", "0", "> 0", id="retention-seconds-zero"),  # passes back to back
 ])
 def test_bad_flag_value(tmp_path: Path, flag: str, value: str, expected: str) -> None:
     assert_refused(serve(f"{flag}={value}", cwd=tmp_path), USAGE, flag, expected, value)
