@@ -154,11 +154,29 @@ async def test_restore_refuses_a_damaged_archive_before_writing(tmp_path: Path, 
 
 def test_restore_into_a_directory_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     archive = tmp_path / "backup.arch"
-    assert main(["backup", "--backend", "memory://", "--out", str(archive)]) == 0
+    assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(archive)]) == Exit.USAGE
+    asyncio.run(_fill(f"sqlite://{tmp_path / 'a.db'}", 3))
+    assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(archive)]) == 0
     (tmp_path / "dir.db").mkdir()
     assert main(["restore", "--backend", f"sqlite://{tmp_path / 'dir.db'}", "--in", str(archive)]) == Exit.FAILED
     err = capsys.readouterr().err
     assert "cannot open" in err and "unexpected" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["backup", "--backend", "memory://", "--out", "{tmp}/x.arch"],
+    ["restore", "--backend", "memory://", "--in", "{tmp}/x.arch"],
+    ["migrate", "--from", "sqlite://{tmp}/a.db", "--to", "memory://", "--work-dir", "{tmp}/work"],
+    ["migrate", "--from", "memory://", "--to", "sqlite://{tmp}/b.db", "--work-dir", "{tmp}/work"],
+])
+def test_memory_stores_are_refused(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """memory:// lives only as long as this command: backing it up archives
+    nothing, and restoring or migrating into it keeps nothing (yet said "verified")."""
+    asyncio.run(_fill(f"sqlite://{tmp_path / 'a.db'}", 3))
+    assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(tmp_path / "x.arch")]) == 0
+    assert main([a.format(tmp=tmp_path) for a in argv]) == Exit.USAGE
+    assert "memory://" in capsys.readouterr().err
+    assert not (tmp_path / "b.db").exists() and not (tmp_path / "work").exists()
 
 
 @pytest.mark.parametrize("what", ["missing", "a directory"])

@@ -28,6 +28,7 @@ from .stores import (
     count_snapshot,
     is_empty,
     open_existing,
+    refuse_memory,
     refuse_own_files,
     scheme_of,
     source,
@@ -55,6 +56,7 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     loop = asyncio.get_running_loop()
     started = loop.time()
     snapshot_file = out.with_name(out.name + ".snapshot.db")
+    refuse_memory(url)
     refuse_own_files(url, out, "--out")
     try:
         async with source(url, snapshot_file) as src:
@@ -96,6 +98,7 @@ async def restore(
 ) -> RestoreReport:
     loop = asyncio.get_running_loop()
     started = loop.time()
+    refuse_memory(url)
     if not archive.is_file():
         raise LifecycleError(f"no archive file at {archive}", Exit.USAGE)
     try:

@@ -41,6 +41,7 @@ from .stores import (
     count_snapshot,
     is_empty,
     open_existing,
+    refuse_memory,
     remove_sqlite_files,
     source,
     sqlite_path,
@@ -154,6 +155,7 @@ async def migrate(
     create_table: bool = False,
     stream: TextIO | None = None,
 ) -> MigrationReport:
+    refuse_memory(source_url, target_url)
     source_file, target_file = sqlite_path(source_url), sqlite_path(target_url)
     if source_url == target_url or (source_file and target_file and source_file.resolve() == target_file.resolve()):
         raise LifecycleError("--from and --to name the same store", Exit.USAGE)

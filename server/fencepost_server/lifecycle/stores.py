@@ -59,6 +59,15 @@ def refuse_own_files(url: str, out: Path, flag: str) -> None:
         raise LifecycleError(f"{flag} {out} is the store {url} itself (or one of its files)", Exit.USAGE)
 
 
+def refuse_memory(*urls: str) -> None:
+    """USAGE for memory://: it lives only as long as this command, so there is
+    nothing to back up or copy from it, and nothing stays that is written to it."""
+    for url in urls:
+        if scheme_of(url) == "memory":
+            raise LifecycleError(f"{url}: a memory:// store lives only inside one process (use sqlite:// "
+                                 "or dynamodb://)", Exit.USAGE)
+
+
 def open_existing(url: str, *, may_create: bool = False) -> Storage:
     """The backend at `url`. Unless `may_create`, a SQLite file that does not
     exist is refused (opening it would create an empty store and back *that* up)."""
