@@ -16,7 +16,7 @@ from .storage import EXPORT_PAGE
 _EXIT_CODES = """exit codes: 0 done (and verified), 1 a backend failed (migrate: run it again to resume),
 2 usage, 3 refused (target not empty), 4 archive corrupt or incomplete, 5 verification found differences"""
 
-_URLS = "backend URLs: sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R, memory://"
+_URLS = "backend URLs: sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R"
 
 
 def register(subparsers: Any) -> None:
