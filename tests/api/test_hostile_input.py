@@ -125,6 +125,27 @@ async def test_schedule_records_that_cannot_be_served_are_rejected(storage: Stor
             break
 
 
+async def test_a_record_nested_too_deep_to_parse_does_not_break_the_schedule(storage: Storage) -> None:
+    """A committed record tagged with the schedule stream but nested deeper than
+    the JSON parser goes made every schedule read of the session INTERNAL."""
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "deep")
+        deep = b'{"stream":"schedule/change","record":' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+        await c.commit(sid, gen, 0, [deep, _create_record(2, '"fine"')])
+        await c.create_reminder(sid, gen, "later", after_seconds=60)
+        page, refusal = await raw_call(srv, "/fencepost.v1.ScheduleService/ListReminders",
+                                       schedule_pb2.ListRemindersRequest(session_id=sid).SerializeToString())
+        assert refusal is None, (refusal.code, refusal.info.reason)
+        assert [r.id for r in schedule_pb2.ListRemindersResponse.FromString(page or b"").reminders] == [
+            "rem_2", "rem_3"]
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_2"]
+        async for r in c.watch_due(sid, gen):
+            assert r.id == "rem_2"
+            break
+
+
 async def test_after_seconds_past_year_9999_is_refused(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=10) as c:
         sid, gen = await _held(c, "far")

@@ -119,7 +119,9 @@ def is_schedule_record(data: bytes) -> dict[str, object] | None:
         return None
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nesting deeper than the parser goes is not a record
+        # we wrote either, and must not end every read of the session's schedule.
         return None
     if isinstance(obj, dict) and obj.get("stream") == STREAM:
         return obj
