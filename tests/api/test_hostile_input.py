@@ -379,3 +379,26 @@ async def test_reassert_trust_touches_only_a_live_entry(storage: Storage) -> Non
     assert await memory.reassert_trust("t", "agent", old, "operator") is False  # superseded: not live
     assert await memory.reassert_trust("t", "agent", ids[1], "operator") is True
 
+
+
+async def test_unknown_enum_values_of_memory_reads_are_refused(storage: Storage) -> None:
+    """MemoryService's common errors promise FIELD_INVALID for an unknown enum;
+    List's validity, Search's strategy and Pinned's include took any number as
+    the default (and Search then counted a recall)."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        await c.memory_append("agent", "a fact worth finding")
+        before = await snapshot(storage)
+        cases = [
+            ("List", memory_pb2.MemoryServiceListRequest(agent_id="agent", validity=7), "validity"),
+            ("Search", memory_pb2.MemoryServiceSearchRequest(agent_id="agent", query="fact", strategy=7),
+             "strategy"),
+            ("Search", memory_pb2.MemoryServiceSearchRequest(agent_id="agent", query="fact", strategy=-1),
+             "strategy"),
+            ("Pinned", memory_pb2.MemoryServicePinnedRequest(agent_id="agent", include=3), "include"),
+        ]
+        for method, msg, field in cases:
+            _, refusal = await raw_call(srv, f"/fencepost.v1.MemoryService/{method}", msg.SerializeToString())
+            assert refusal is not None, (method, field)
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), (method, field)
+        assert await snapshot(storage) == before

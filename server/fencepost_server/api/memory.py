@@ -34,6 +34,14 @@ def _enum_name(value: int, names: tuple[str, ...], field: str, *, strict: bool =
     return None
 
 
+def _known(value: int, enum: object, field: str) -> int:
+    """A request enum that only selects a mode: refused when its number is not
+    one of the enum's values (proto3 enums carry any number)."""
+    if value not in enum.DESCRIPTOR.values_by_number:  # type: ignore[attr-defined]
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} has unknown value {value}", field=field)
+    return value
+
+
 def _enum_number(name: str | None, names: tuple[str, ...]) -> int:
     return names.index(name) + 1 if name in names else 0
 
@@ -140,7 +148,8 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def List(
         self, request: pb.MemoryServiceListRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServiceListResponse:
-        validity = "all" if request.validity == pb.MEMORY_VALIDITY_FILTER_ALL else "current"
+        validity = "all" if _known(request.validity, pb.MemoryValidityFilter, "validity") \
+            == pb.MEMORY_VALIDITY_FILTER_ALL else "current"
         out = await self.memory.list(
             caller().tenant, request.agent_id, limit=request.limit, validity=validity,
             size=request.page_size, token=request.page_token,
@@ -156,7 +165,7 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     ) -> pb.MemoryServiceSearchResponse:
         out = await self.memory.search(
             caller().tenant, request.agent_id, request.query, limit=request.limit,
-            strategy=_STRATEGY_NAME.get(request.strategy),
+            strategy=_STRATEGY_NAME.get(_known(request.strategy, pb.MemoryStrategy, "strategy")),
         )
         return pb.MemoryServiceSearchResponse(
             entries=self._views(request.agent_id, out.entries), truncated=out.truncated,
@@ -213,7 +222,8 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def Pinned(
         self, request: pb.MemoryServicePinnedRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServicePinnedResponse:
-        include = "allocated" if request.include == pb.MEMORY_PINNED_INCLUDE_ALLOCATED else "current"
+        include = "allocated" if _known(request.include, pb.MemoryPinnedInclude, "include") \
+            == pb.MEMORY_PINNED_INCLUDE_ALLOCATED else "current"
         views, allocated = await self.memory.pinned(caller().tenant, request.agent_id, include)
         return pb.MemoryServicePinnedResponse(
             entries=self._views(request.agent_id, views), allocated_bytes=allocated
