@@ -402,3 +402,18 @@ async def test_unknown_enum_values_of_memory_reads_are_refused(storage: Storage)
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
                 grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), (method, field)
         assert await snapshot(storage) == before
+
+
+async def test_put_ab_sample_refuses_a_timestamp_with_nanos_out_of_range(storage: Storage) -> None:
+    """`at` with nanos of -1 or 1e9 was stored under the key of another instant
+    (seconds=0, nanos=1e9 overwrote the sample at seconds=1)."""
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for nanos in (-1, 1_000_000_000):
+            msg = evals_pb2.PutAbSampleRequest(agent="a", experiment="e", session_id="s", sample={})
+            msg.at.seconds, msg.at.nanos = 0, nanos
+            _, refusal = await raw_call(srv, "/fencepost.v1.EvalService/PutAbSample", msg.SerializeToString())
+            assert refusal is not None, nanos
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, ["at"]), nanos
+        assert await snapshot(storage) == before
