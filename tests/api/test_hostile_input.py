@@ -417,3 +417,22 @@ async def test_put_ab_sample_refuses_a_timestamp_with_nanos_out_of_range(storage
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
                 grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, ["at"]), nanos
         assert await snapshot(storage) == before
+
+
+async def test_import_names_the_entry_whose_timestamp_is_invalid(storage: Storage) -> None:
+    """The refusal of an invalid Timestamp inside Import's entries named
+    `valid_from` alone, not which entry held it."""
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for field in ("created_at", "valid_from", "valid_until"):
+            bad = memory_pb2.MemoryEntry(id="m2", content="c")
+            bad.created_at.seconds = 1000
+            getattr(bad, field).nanos = -1
+            good = memory_pb2.MemoryEntry(id="m1", content="c")
+            good.created_at.seconds = 1000
+            msg = memory_pb2.MemoryServiceImportRequest(agent_id="a", entries=[good, bad])
+            _, refusal = await raw_call(srv, "/fencepost.v1.MemoryService/Import", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [f"entries[1].{field}"]), field
+        assert await snapshot(storage) == before

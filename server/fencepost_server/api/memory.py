@@ -46,8 +46,8 @@ def _enum_number(name: str | None, names: tuple[str, ...]) -> int:
     return names.index(name) + 1 if name in names else 0
 
 
-def _micros(msg: object, field: str) -> int | None:
-    return timestamp_micros(msg, field)
+def _micros(msg: object, field: str, where: str = "") -> int | None:
+    return timestamp_micros(msg, field, f"{where}.{field}" if where else field)
 
 
 def _ts(micros: int) -> timestamp_pb2.Timestamp:
@@ -100,9 +100,10 @@ def topic_pb(t: Topic) -> pb.MemoryTopic:
 def _imported(i: int, m: pb.MemoryEntry) -> Entry:
     where = f"entries[{i}]"
     return Entry(
-        id=m.id, content=m.content, created_at=_micros(m, "created_at") or 0,
+        id=m.id, content=m.content, created_at=_micros(m, "created_at", where) or 0,
         kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind", strict=False),
-        about=tuple(m.about), valid_from=_micros(m, "valid_from"), valid_until=_micros(m, "valid_until"),
+        about=tuple(m.about), valid_from=_micros(m, "valid_from", where),
+        valid_until=_micros(m, "valid_until", where),
         supersedes=m.supersedes or None, metadata=_metadata(m, f"{where}.metadata"),
         session_id=m.provenance.session_id, channel=m.provenance.channel,
         trust=_enum_name(m.provenance.trust, rules.TRUST_LEVELS, f"{where}.provenance.trust", strict=False),
