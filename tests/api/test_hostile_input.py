@@ -351,6 +351,8 @@ async def test_negative_ttl_and_list_sessions_caps_are_refused(storage: Storage)
              ledger_pb2.ListSessionsRequest(agent="agent", max_total_bytes=-1), "max_total_bytes"),
             ("/fencepost.v1.LedgerService/ListSessions",
              ledger_pb2.ListSessionsRequest(agent="agent", max_age=minus), "max_age"),
+            ("/fencepost.v1.LedgerService/ClaimOrphan", ledger_pb2.ClaimOrphanRequest(holder_id="h", wait=minus),
+             "wait"),
         ]
         for method, msg, field in cases:
             _, refusal = await raw_call(srv, method, msg.SerializeToString())

@@ -1121,7 +1121,9 @@ class ClaimOrphanRequest(_message.Message):
 
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
-        """How long to wait for an orphan (unset = return at once; at most 60 s)."""
+        """How long to wait for an orphan (unset = return at once; at most 60 s;
+        negative is refused with FIELD_INVALID).
+        """
 
     def __init__(
         self,

@@ -418,7 +418,10 @@ export interface ClaimOrphanRequest {
   ttl:
     | Duration
     | undefined;
-  /** How long to wait for an orphan (unset = return at once; at most 60 s). */
+  /**
+   * How long to wait for an orphan (unset = return at once; at most 60 s;
+   * negative is refused with FIELD_INVALID).
+   */
   wait:
     | Duration
     | undefined;
