@@ -438,3 +438,46 @@ async def test_import_names_the_entry_whose_timestamp_is_invalid(storage: Storag
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
                 grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [f"entries[1].{field}"]), field
         assert await snapshot(storage) == before
+
+
+def _field(number: int, body: bytes) -> bytes:
+    """A length-delimited field on the wire."""
+    size, length = b"", len(body)
+    while True:
+        size += bytes([(length & 0x7F) | (0x80 if length > 0x7F else 0)])
+        length >>= 7
+        if not length:
+            break
+    return bytes([number << 3 | 2]) + size + body
+
+
+def _deep_struct(levels: int) -> bytes:
+    """A Struct `{"x": [[[...]]]}` nested `levels` lists deep, as wire bytes
+    (the Python message API refuses to build what protobuf cannot decode)."""
+    value = b""
+    for _ in range(levels):
+        value = _field(6, _field(1, value))  # Value.list_value { values: [value] }
+    return _field(1, _field(1, b"x") + _field(2, value))  # Struct.fields {"x": value}
+
+
+async def test_a_message_nested_past_the_decode_depth_is_refused_naming_the_field(storage: Storage) -> None:
+    """Nesting deeper than protobuf decodes is refused by protobuf; naming the
+    field then walked the bytes recursively, as deep as they went: 5000
+    levels answered INTERNAL (RecursionError) on every RPC taking a Struct."""
+    deep = _deep_struct(5000)
+    cases = [
+        ("/fencepost.v1.EvalService/PutEvalRun",
+         evals_pb2.PutEvalRunRequest(agent="a", run_id="r").SerializeToString() + _field(3, deep), "snapshot"),
+        ("/fencepost.v1.MemoryService/Append",
+         memory_pb2.MemoryServiceAppendRequest(agent_id="a", content="c").SerializeToString()
+         + _field(8, deep), "metadata"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for method, data, field in cases:
+            _, refusal = await raw_call(srv, method, data)
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                           reasons.FIELD_INVALID), method
+            assert refusal.fields and refusal.fields[0].startswith(field), (method, refusal.fields)
+        assert await snapshot(storage) == before
