@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 import fencepost
 from fencepost import errors, reasons
-from fencepost.v1 import evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
+from fencepost.v1 import admin_pb2, evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
 from fencepost_server.domain.kv import KvStore
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.memory import MemoryStore
@@ -481,3 +481,36 @@ async def test_a_message_nested_past_the_decode_depth_is_refused_naming_the_fiel
                                                            reasons.FIELD_INVALID), method
             assert refusal.fields and refusal.fields[0].startswith(field), (method, refusal.fields)
         assert await snapshot(storage) == before
+
+
+async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(storage: Storage) -> None:
+    """A 500 KB holder id (kept in the lease item) or EraseAgent name (kept
+    in the operation's record) answered INTERNAL on DynamoDB, whose items
+    hold 400 KB, and was stored as is elsewhere. Deliver parked its event
+    before the oversized try_lease failed."""
+    big = "h" * 500_000
+    async with running(storage) as srv, srv.client(timeout=30) as c:
+        sid = (await c.open_session("agent", "holders")).session_id
+        before = await snapshot(storage)
+        cases = [
+            ("/fencepost.v1.LedgerService/AcquireLease",
+             ledger_pb2.AcquireLeaseRequest(session_id=sid, holder_id=big), "holder_id", reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/RenewLease",
+             ledger_pb2.RenewLeaseRequest(session_id=sid, generation=1, holder_id=big), "holder_id",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/Deliver",
+             ledger_pb2.DeliverRequest(session_id=sid, payload=b"p", try_lease=big), "try_lease",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/ClaimOrphan", ledger_pb2.ClaimOrphanRequest(holder_id=big), "holder_id",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.AdminService/EraseAgent", admin_pb2.EraseAgentRequest(agent=big), "agent",
+             reasons.AGENT_NAME_INVALID),
+        ]
+        for method, msg, field, reason in cases:
+            _, refusal = await raw_call(srv, method, msg.SerializeToString())
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        assert await snapshot(storage) == before
+        lease = await c.acquire_lease(sid, "h" * 1024)  # at the limit
+        assert lease.holder_id == "h" * 1024

@@ -64,6 +64,8 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
+#: the longest agent name EraseAgent takes: its operation record keeps the name
+MAX_AGENT_BYTES = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,11 @@ class Eraser:
         if agent is not None and (not agent or "\x00" in agent):
             raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL",
                                   field="agent")
+        if agent is not None and len(agent.encode()) > MAX_AGENT_BYTES:
+            # the operation's record keeps the name, and must fit one DynamoDB item
+            raise InvalidArgument(reasons.AGENT_NAME_INVALID,
+                                  f"agent is {len(agent.encode())} bytes, over the limit of {MAX_AGENT_BYTES}",
+                                  {"limit": MAX_AGENT_BYTES, "size": len(agent.encode())}, field="agent")
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")

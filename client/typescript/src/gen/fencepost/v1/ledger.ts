@@ -202,7 +202,10 @@ export interface ForkResponse {
 export interface AcquireLeaseRequest {
   /** The session. */
   sessionId: string;
-  /** Who asks (a worker id; stored in the lease for diagnostics). */
+  /**
+   * Who asks (a worker id; stored in the lease for diagnostics; at most
+   * 1024 characters, else FIELD_INVALID).
+   */
   holderId: string;
   /**
    * How long the lease lasts unless renewed (unset = 30 s; negative is
@@ -246,7 +249,10 @@ export interface RenewLeaseRequest {
   ttl:
     | Duration
     | undefined;
-  /** The caller's holder id (kept in the lease record). */
+  /**
+   * The caller's holder id (kept in the lease record; at most 1024
+   * characters, else FIELD_INVALID).
+   */
   holderId: string;
 }
 
@@ -355,7 +361,10 @@ export interface DeliverRequest {
   payload: Buffer;
   /** At-least-once sources: the same key parks once, ever. */
   dedupeKey: string;
-  /** When set, the holder id that tries the lease after parking. */
+  /**
+   * When set, the holder id that tries the lease after parking (at most
+   * 1024 characters, else FIELD_INVALID before anything is parked).
+   */
   tryLease: string;
   /**
    * The lease ttl for try_lease (unset = 30 s; negative is refused before
@@ -412,7 +421,7 @@ export interface WatchInboxResponse {
 
 /** ClaimOrphanRequest asks for an orphaned session. */
 export interface ClaimOrphanRequest {
-  /** Who takes it. */
+  /** Who takes it (at most 1024 characters, else FIELD_INVALID). */
   holderId: string;
   /** The lease ttl (unset = 30 s; negative is refused). */
   ttl:
