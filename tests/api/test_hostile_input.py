@@ -484,9 +484,9 @@ async def test_a_message_nested_past_the_decode_depth_is_refused_naming_the_fiel
 
 
 async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(storage: Storage) -> None:
-    """A 500 KB holder id (kept in the lease item) or EraseAgent name (kept
-    in the operation's record) answered INTERNAL on DynamoDB, whose items
-    hold 400 KB, and was stored as is elsewhere. Deliver parked its event
+    """A 500 KB holder id (kept in the lease item), EraseAgent name (kept in
+    the operation's record) or Fork child_session_key answered INTERNAL on
+    DynamoDB, whose items hold 400 KB, and was stored as is elsewhere. Deliver parked its event
     before the oversized try_lease failed."""
     big = "h" * 500_000
     async with running(storage) as srv, srv.client(timeout=30) as c:
@@ -505,6 +505,9 @@ async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(st
              reasons.FIELD_INVALID),
             ("/fencepost.v1.AdminService/EraseAgent", admin_pb2.EraseAgentRequest(agent=big), "agent",
              reasons.AGENT_NAME_INVALID),
+            ("/fencepost.v1.LedgerService/Fork",  # bounded as OpenSession's session_key
+             ledger_pb2.ForkRequest(parent_session_id=sid, child_session_key=big), "child_session_key",
+             reasons.FIELD_INVALID),
         ]
         for method, msg, field, reason in cases:
             _, refusal = await raw_call(srv, method, msg.SerializeToString())

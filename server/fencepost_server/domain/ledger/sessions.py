@@ -73,12 +73,15 @@ class SessionMethods(ActivityMethods):
             *creation_writes(sk, act),
         ], act.act_value()
 
+    def _check_key_size(self, key: str, field: str) -> None:
+        """A session key is at most a key long (it is kept in the session's items)."""
+        key_size = len(key.encode())
+        if key_size > self.limits.max_key_bytes:
+            raise limit_error(reasons.FIELD_INVALID, field, self.limits.max_key_bytes, key_size, field=field)
+
     def _check_meta_size(self, meta: Meta) -> None:
         """The session's record (its key, agent and metadata) must fit a value."""
-        key_size = len(meta.key.encode())
-        if key_size > self.limits.max_key_bytes:
-            raise limit_error(reasons.FIELD_INVALID, "session_key", self.limits.max_key_bytes, key_size,
-                              field="session_key")
+        self._check_key_size(meta.key, "session_key")
         size = len(meta.encode())
         if size > self.limits.max_value_bytes:
             raise limit_error(reasons.FIELD_INVALID, "the session's metadata", self.limits.max_value_bytes, size,
