@@ -517,3 +517,32 @@ async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(st
         assert await snapshot(storage) == before
         lease = await c.acquire_lease(sid, "h" * 1024)  # at the limit
         assert lease.holder_id == "h" * 1024
+
+
+async def test_ids_with_a_trailing_newline_are_malformed(storage: Storage) -> None:
+    """Id shapes were checked with a regex ending in `$`, which also matches
+    before a trailing newline: `rem_1\\n` passed DeleteReminder / Dispatch's
+    shape check and an inbox id plus `\\n` answered INBOX_ENTRY_GONE."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "newline")
+        rem = (await c.create_reminder(sid, gen, "soon", after_seconds=60)).id
+        inbox_id = (await c.deliver(payload=b"p", session_id=sid)).inbox_id
+        before = await snapshot(storage)
+        cases = [
+            ("/fencepost.v1.ScheduleService/Dispatch",
+             schedule_pb2.DispatchRequest(session_id=sid, generation=gen, id=rem + "\n"), "id",
+             reasons.REMINDER_INVALID),
+            ("/fencepost.v1.ScheduleService/DeleteReminder",
+             schedule_pb2.DeleteReminderRequest(session_id=sid, generation=gen, id=rem + "\n"), "id",
+             reasons.REMINDER_INVALID),
+            ("/fencepost.v1.LedgerService/Commit",
+             ledger_pb2.CommitRequest(session_id=sid, generation=gen, expected_seq=1,
+                                      consume_inbox_ids=[inbox_id + "\n"]), "consume_inbox_ids",
+             reasons.FIELD_INVALID),
+        ]
+        for method, msg, field, reason in cases:
+            _, refusal = await raw_call(srv, method, msg.SerializeToString())
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        assert await snapshot(storage) == before

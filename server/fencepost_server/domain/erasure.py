@@ -143,7 +143,7 @@ class Eraser:
 
     async def get(self, tenant: str, name: str) -> OperationView:
         op_id = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
-        item = await self.storage.get(OPS_PREFIX + op_id) if _ID.match(op_id) else None
+        item = await self.storage.get(OPS_PREFIX + op_id) if _ID.fullmatch(op_id) else None
         state = json.loads(item.value) if item is not None else None
         if state is None or state["tenant"] != _digest(tenant):
             raise NotFound(reasons.OPERATION_NOT_FOUND, f"no operation {name!r}", {"name": name})

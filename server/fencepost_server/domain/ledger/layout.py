@@ -58,6 +58,7 @@ PENDING_PREFIX = GLOBAL_PREFIX + "ledger/pending/"
 BLOB_PREFIX = GLOBAL_PREFIX + "ledger/blob/"
 ERASE_PREFIX = GLOBAL_PREFIX + "ledger/erase/"
 
+# matched with fullmatch: `$` alone also matches before a trailing newline
 _SID = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_-]+$")
 _INBOX_ID = re.compile(r"^[0-9]{20}-[0-9a-f]{8}$")
 
@@ -69,7 +70,7 @@ def new_session_id(agent: str) -> str:
 
 def agent_of(session_id: str) -> str:
     """The agent a session id belongs to; SESSION_NOT_FOUND for a malformed id."""
-    if _SID.match(session_id):
+    if _SID.fullmatch(session_id):
         tag = session_id.split(".", 1)[1]
         try:
             return base64.urlsafe_b64decode(tag + "=" * (-len(tag) % 4)).decode()
@@ -97,7 +98,7 @@ def inbox_time(inbox_id: str) -> float:
 
 
 def check_inbox_id(inbox_id: str, field: str) -> None:
-    if not _INBOX_ID.match(inbox_id):
+    if not _INBOX_ID.fullmatch(inbox_id):
         raise InvalidArgument(reasons.FIELD_INVALID, f"{inbox_id!r} is not an inbox id", field=field)
 
 

@@ -74,7 +74,7 @@ Change = Create | Delete | Dispatch
 
 def id_number(reminder_id: str) -> int | None:
     """n of a well-formed `rem_<n>` (n >= 1, no leading zeros); else None."""
-    m = _ID.match(reminder_id) if isinstance(reminder_id, str) else None
+    m = _ID.fullmatch(reminder_id) if isinstance(reminder_id, str) else None
     return int(m.group(1)) if m else None
 
 
