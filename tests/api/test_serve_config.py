@@ -185,3 +185,13 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
 
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:
     assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
+
+
+def test_spiffe_map_without_a_source_of_spiffe_ids(tmp_path: Path) -> None:
+    """With neither mTLS nor the sidecar's header, nothing reads the map: the
+    server started with no authentication at all (every caller the default
+    tenant's operator) although the operator configured identities."""
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/ns/a/sa/x", "tenant": "a", "role": "service"}]}')
+    assert_refused(serve("--spiffe-map", str(spiffe), "--listen", "127.0.0.1:0", cwd=tmp_path), USAGE,
+                   "--spiffe-map", "--tls-client-ca", "--trust-xfcc")
