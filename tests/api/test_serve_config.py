@@ -127,6 +127,9 @@ def test_tokens_file_missing(tmp_path: Path) -> None:
     pytest.param('["a list"]', '{"tokens": [', id="wrong-shape"),
     pytest.param('{"tokens": [{"name": "a", "sha256": "zz", "tenant": "t"}]}', "not hex", id="sha256-not-hex"),
     pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '"}]}', "no tenant", id="no-tenant"),
+    pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '", "tenant": "t"}, '
+                 '{"name": "b", "sha256": "' + "ab" * 32 + '", "tenant": "u"}]}', "one sha256",
+                 id="one-token-two-tenants"),
 ])
 def test_tokens_file_malformed(tmp_path: Path, content: str, expected: str) -> None:
     tokens = tmp_path / "tokens.json"
@@ -195,3 +198,12 @@ def test_spiffe_map_without_a_source_of_spiffe_ids(tmp_path: Path) -> None:
     spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/ns/a/sa/x", "tenant": "a", "role": "service"}]}')
     assert_refused(serve("--spiffe-map", str(spiffe), "--listen", "127.0.0.1:0", cwd=tmp_path), USAGE,
                    "--spiffe-map", "--tls-client-ca", "--trust-xfcc")
+
+
+def test_spiffe_map_names_one_id_twice(tmp_path: Path) -> None:
+    """The later entry silently won: which tenant a caller got depended on file order."""
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/x", "tenant": "a", "role": "service"}, '
+                      '{"id": "spiffe://corp/x", "tenant": "a", "role": "operator"}]}')
+    assert_refused(serve("--spiffe-map", str(spiffe), "--trust-xfcc", "--listen", "127.0.0.1:0", cwd=tmp_path),
+                   USAGE, "--spiffe-map", "mapped twice")
