@@ -7,6 +7,8 @@ sees exactly the bytes sent; every refusal is checked to write nothing.
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
@@ -546,3 +548,31 @@ async def test_ids_with_a_trailing_newline_are_malformed(storage: Storage) -> No
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
                 grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
         assert await snapshot(storage) == before
+
+
+async def test_over_long_session_ids_and_archive_names_are_not_found_on_every_backend(storage: Storage) -> None:
+    """A well-formed session id naming an agent longer than any session's, or
+    a long archive name, was looked up as is: SESSION_NOT_FOUND /
+    ARCHIVE_NOT_FOUND on memory and SQLite, INTERNAL on DynamoDB (keys over
+    its limit)."""
+    agent_over = base64.urlsafe_b64encode(b"a" * 257).decode().rstrip("=")
+    sids = ["0" * 32 + "." + "A" * 100_000, "0" * 32 + "." + agent_over]
+    async with running(storage) as srv:
+        for sid in sids:
+            for method, msg in [
+                ("/fencepost.v1.LedgerService/GetSession", ledger_pb2.GetSessionRequest(session_id=sid)),
+                ("/fencepost.v1.LedgerService/Commit",
+                 ledger_pb2.CommitRequest(session_id=sid, generation=1, records=[b"r"])),
+                ("/fencepost.v1.LedgerService/Deliver", ledger_pb2.DeliverRequest(session_id=sid, payload=b"p")),
+                ("/fencepost.v1.ScheduleService/ListReminders", schedule_pb2.ListRemindersRequest(session_id=sid)),
+            ]:
+                _, refusal = await raw_call(srv, method, msg.SerializeToString())
+                assert refusal is not None, method
+                assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.NOT_FOUND,
+                                                               reasons.SESSION_NOT_FOUND), (method, len(sid))
+        async with grpc.aio.insecure_channel(srv.target) as channel:
+            read = channel.unary_stream("/fencepost.v1.JournalService/ReadArchive")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                [r async for r in read(journal_pb2.ReadArchiveRequest(agent="a", name="n" * 100_000)
+                                       .SerializeToString(), timeout=30)]
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND

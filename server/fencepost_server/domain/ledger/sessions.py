@@ -13,6 +13,7 @@ from ..errors import Code, DomainError, NotFound, limit_error
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
 from .core import SessionView, bad
 from .layout import (
+    MAX_AGENT_BYTES,
     NO_LEASE,
     LeaseState,
     Meta,
@@ -36,11 +37,6 @@ class SessionSummary:
     seq: int
     last_activity: float
     total_bytes: int
-
-
-#: an agent name is part of every session id of the agent (and so of every key
-#: of its sessions): bounded so those keys fit every backend's key limits
-MAX_AGENT_BYTES = 256
 
 
 def check_name(value: str, field_name: str) -> None:
