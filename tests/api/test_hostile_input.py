@@ -576,3 +576,24 @@ async def test_over_long_session_ids_and_archive_names_are_not_found_on_every_ba
                 [r async for r in read(journal_pb2.ReadArchiveRequest(agent="a", name="n" * 100_000)
                                        .SerializeToString(), timeout=30)]
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_txn_op_that_sets_no_write_is_refused(storage: Storage) -> None:
+    """An empty TxnOp (or one of a kind this server does not know) was
+    skipped: the Txn succeeded having applied less than asked, `versions`
+    no longer lined up with the ops, and 100,000 of them passed the
+    100-operation limit."""
+    put = kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v"))
+    cases = [
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(), put]), "success_ops[0]"),
+        (kv_pb2.TxnRequest(success_ops=[put], failure_ops=[put, kv_pb2.TxnOp()]), "failure_ops[1]"),
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp()] * 100_000), "success_ops[0]"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for msg, field in cases:
+            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
+        assert await snapshot(storage) == before
