@@ -44,6 +44,11 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         raise ConfigError("arguments --tls-cert and --tls-key go together (a certificate and its key)")
     if settings.tls_client_ca and not settings.tls_configured():
         raise ConfigError("argument --tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS first)")
+    if settings.spiffe_map and not (settings.tls_client_ca or settings.trust_xfcc):
+        # else nothing reads the map, and every caller would be the default
+        # tenant with the operator role: the map says the operator meant otherwise
+        raise ConfigError("argument --spiffe-map needs a source of SPIFFE ids: --tls-client-ca (mTLS) "
+                          "or --trust-xfcc (the sidecar's x-forwarded-client-cert)")
     if settings.tokens_file or settings.spiffe_map:
         from .security import IdentityMap
 

@@ -7,6 +7,8 @@ sees exactly the bytes sent; every refusal is checked to write nothing.
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
@@ -14,7 +16,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 import fencepost
 from fencepost import errors, reasons
-from fencepost.v1 import evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
+from fencepost.v1 import admin_pb2, evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2
 from fencepost_server.domain.kv import KvStore
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.memory import MemoryStore
@@ -122,6 +124,27 @@ async def test_schedule_records_that_cannot_be_served_are_rejected(storage: Stor
         assert [r.id async for r in c.due_reminders(sid)] == ["rem_4"]
         async for r in c.watch_due(sid, gen):  # the stream serves past the rejected records
             assert r.id == "rem_4"
+            break
+
+
+async def test_a_record_nested_too_deep_to_parse_does_not_break_the_schedule(storage: Storage) -> None:
+    """A committed record tagged with the schedule stream but nested deeper than
+    the JSON parser goes made every schedule read of the session INTERNAL."""
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "deep")
+        deep = b'{"stream":"schedule/change","record":' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+        await c.commit(sid, gen, 0, [deep, _create_record(2, '"fine"')])
+        await c.create_reminder(sid, gen, "later", after_seconds=60)
+        page, refusal = await raw_call(srv, "/fencepost.v1.ScheduleService/ListReminders",
+                                       schedule_pb2.ListRemindersRequest(session_id=sid).SerializeToString())
+        assert refusal is None, (refusal.code, refusal.info.reason)
+        assert [r.id for r in schedule_pb2.ListRemindersResponse.FromString(page or b"").reminders] == [
+            "rem_2", "rem_3"]
+        assert [r.id async for r in c.due_reminders(sid)] == ["rem_2"]
+        async for r in c.watch_due(sid, gen):
+            assert r.id == "rem_2"
             break
 
 
@@ -330,6 +353,8 @@ async def test_negative_ttl_and_list_sessions_caps_are_refused(storage: Storage)
              ledger_pb2.ListSessionsRequest(agent="agent", max_total_bytes=-1), "max_total_bytes"),
             ("/fencepost.v1.LedgerService/ListSessions",
              ledger_pb2.ListSessionsRequest(agent="agent", max_age=minus), "max_age"),
+            ("/fencepost.v1.LedgerService/ClaimOrphan", ledger_pb2.ClaimOrphanRequest(holder_id="h", wait=minus),
+             "wait"),
         ]
         for method, msg, field in cases:
             _, refusal = await raw_call(srv, method, msg.SerializeToString())
@@ -358,3 +383,217 @@ async def test_reassert_trust_touches_only_a_live_entry(storage: Storage) -> Non
     assert await memory.reassert_trust("t", "agent", old, "operator") is False  # superseded: not live
     assert await memory.reassert_trust("t", "agent", ids[1], "operator") is True
 
+
+
+async def test_unknown_enum_values_of_memory_reads_are_refused(storage: Storage) -> None:
+    """MemoryService's common errors promise FIELD_INVALID for an unknown enum;
+    List's validity, Search's strategy and Pinned's include took any number as
+    the default (and Search then counted a recall)."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        await c.memory_append("agent", "a fact worth finding")
+        before = await snapshot(storage)
+        cases = [
+            ("List", memory_pb2.MemoryServiceListRequest(agent_id="agent", validity=7), "validity"),
+            ("Search", memory_pb2.MemoryServiceSearchRequest(agent_id="agent", query="fact", strategy=7),
+             "strategy"),
+            ("Search", memory_pb2.MemoryServiceSearchRequest(agent_id="agent", query="fact", strategy=-1),
+             "strategy"),
+            ("Pinned", memory_pb2.MemoryServicePinnedRequest(agent_id="agent", include=3), "include"),
+        ]
+        for method, msg, field in cases:
+            _, refusal = await raw_call(srv, f"/fencepost.v1.MemoryService/{method}", msg.SerializeToString())
+            assert refusal is not None, (method, field)
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), (method, field)
+        assert await snapshot(storage) == before
+
+
+async def test_put_ab_sample_refuses_a_timestamp_with_nanos_out_of_range(storage: Storage) -> None:
+    """`at` with nanos of -1 or 1e9 was stored under the key of another instant
+    (seconds=0, nanos=1e9 overwrote the sample at seconds=1)."""
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for nanos in (-1, 1_000_000_000):
+            msg = evals_pb2.PutAbSampleRequest(agent="a", experiment="e", session_id="s", sample={})
+            msg.at.seconds, msg.at.nanos = 0, nanos
+            _, refusal = await raw_call(srv, "/fencepost.v1.EvalService/PutAbSample", msg.SerializeToString())
+            assert refusal is not None, nanos
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, ["at"]), nanos
+        assert await snapshot(storage) == before
+
+
+async def test_import_names_the_entry_whose_timestamp_is_invalid(storage: Storage) -> None:
+    """The refusal of an invalid Timestamp inside Import's entries named
+    `valid_from` alone, not which entry held it."""
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for field in ("created_at", "valid_from", "valid_until"):
+            bad = memory_pb2.MemoryEntry(id="m2", content="c")
+            bad.created_at.seconds = 1000
+            getattr(bad, field).nanos = -1
+            good = memory_pb2.MemoryEntry(id="m1", content="c")
+            good.created_at.seconds = 1000
+            msg = memory_pb2.MemoryServiceImportRequest(agent_id="a", entries=[good, bad])
+            _, refusal = await raw_call(srv, "/fencepost.v1.MemoryService/Import", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [f"entries[1].{field}"]), field
+        assert await snapshot(storage) == before
+
+
+def _field(number: int, body: bytes) -> bytes:
+    """A length-delimited field on the wire."""
+    size, length = b"", len(body)
+    while True:
+        size += bytes([(length & 0x7F) | (0x80 if length > 0x7F else 0)])
+        length >>= 7
+        if not length:
+            break
+    return bytes([number << 3 | 2]) + size + body
+
+
+def _deep_struct(levels: int) -> bytes:
+    """A Struct `{"x": [[[...]]]}` nested `levels` lists deep, as wire bytes
+    (the Python message API refuses to build what protobuf cannot decode)."""
+    value = b""
+    for _ in range(levels):
+        value = _field(6, _field(1, value))  # Value.list_value { values: [value] }
+    return _field(1, _field(1, b"x") + _field(2, value))  # Struct.fields {"x": value}
+
+
+async def test_a_message_nested_past_the_decode_depth_is_refused_naming_the_field(storage: Storage) -> None:
+    """Nesting deeper than protobuf decodes is refused by protobuf; naming the
+    field then walked the bytes recursively, as deep as they went: 5000
+    levels answered INTERNAL (RecursionError) on every RPC taking a Struct."""
+    deep = _deep_struct(5000)
+    cases = [
+        ("/fencepost.v1.EvalService/PutEvalRun",
+         evals_pb2.PutEvalRunRequest(agent="a", run_id="r").SerializeToString() + _field(3, deep), "snapshot"),
+        ("/fencepost.v1.MemoryService/Append",
+         memory_pb2.MemoryServiceAppendRequest(agent_id="a", content="c").SerializeToString()
+         + _field(8, deep), "metadata"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for method, data, field in cases:
+            _, refusal = await raw_call(srv, method, data)
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                           reasons.FIELD_INVALID), method
+            assert refusal.fields and refusal.fields[0].startswith(field), (method, refusal.fields)
+        assert await snapshot(storage) == before
+
+
+async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(storage: Storage) -> None:
+    """A 500 KB holder id (kept in the lease item), EraseAgent name (kept in
+    the operation's record) or Fork child_session_key answered INTERNAL on
+    DynamoDB, whose items hold 400 KB, and was stored as is elsewhere. Deliver parked its event
+    before the oversized try_lease failed."""
+    big = "h" * 500_000
+    async with running(storage) as srv, srv.client(timeout=30) as c:
+        sid = (await c.open_session("agent", "holders")).session_id
+        before = await snapshot(storage)
+        cases = [
+            ("/fencepost.v1.LedgerService/AcquireLease",
+             ledger_pb2.AcquireLeaseRequest(session_id=sid, holder_id=big), "holder_id", reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/RenewLease",
+             ledger_pb2.RenewLeaseRequest(session_id=sid, generation=1, holder_id=big), "holder_id",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/Deliver",
+             ledger_pb2.DeliverRequest(session_id=sid, payload=b"p", try_lease=big), "try_lease",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.LedgerService/ClaimOrphan", ledger_pb2.ClaimOrphanRequest(holder_id=big), "holder_id",
+             reasons.FIELD_INVALID),
+            ("/fencepost.v1.AdminService/EraseAgent", admin_pb2.EraseAgentRequest(agent=big), "agent",
+             reasons.AGENT_NAME_INVALID),
+            ("/fencepost.v1.LedgerService/Fork",  # bounded as OpenSession's session_key
+             ledger_pb2.ForkRequest(parent_session_id=sid, child_session_key=big), "child_session_key",
+             reasons.FIELD_INVALID),
+        ]
+        for method, msg, field, reason in cases:
+            _, refusal = await raw_call(srv, method, msg.SerializeToString())
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        assert await snapshot(storage) == before
+        lease = await c.acquire_lease(sid, "h" * 1024)  # at the limit
+        assert lease.holder_id == "h" * 1024
+
+
+async def test_ids_with_a_trailing_newline_are_malformed(storage: Storage) -> None:
+    """Id shapes were checked with a regex ending in `$`, which also matches
+    before a trailing newline: `rem_1\\n` passed DeleteReminder / Dispatch's
+    shape check and an inbox id plus `\\n` answered INBOX_ENTRY_GONE."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "newline")
+        rem = (await c.create_reminder(sid, gen, "soon", after_seconds=60)).id
+        inbox_id = (await c.deliver(payload=b"p", session_id=sid)).inbox_id
+        before = await snapshot(storage)
+        cases = [
+            ("/fencepost.v1.ScheduleService/Dispatch",
+             schedule_pb2.DispatchRequest(session_id=sid, generation=gen, id=rem + "\n"), "id",
+             reasons.REMINDER_INVALID),
+            ("/fencepost.v1.ScheduleService/DeleteReminder",
+             schedule_pb2.DeleteReminderRequest(session_id=sid, generation=gen, id=rem + "\n"), "id",
+             reasons.REMINDER_INVALID),
+            ("/fencepost.v1.LedgerService/Commit",
+             ledger_pb2.CommitRequest(session_id=sid, generation=gen, expected_seq=1,
+                                      consume_inbox_ids=[inbox_id + "\n"]), "consume_inbox_ids",
+             reasons.FIELD_INVALID),
+        ]
+        for method, msg, field, reason in cases:
+            _, refusal = await raw_call(srv, method, msg.SerializeToString())
+            assert refusal is not None, method
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        assert await snapshot(storage) == before
+
+
+async def test_over_long_session_ids_and_archive_names_are_not_found_on_every_backend(storage: Storage) -> None:
+    """A well-formed session id naming an agent longer than any session's, or
+    a long archive name, was looked up as is: SESSION_NOT_FOUND /
+    ARCHIVE_NOT_FOUND on memory and SQLite, INTERNAL on DynamoDB (keys over
+    its limit)."""
+    agent_over = base64.urlsafe_b64encode(b"a" * 257).decode().rstrip("=")
+    sids = ["0" * 32 + "." + "A" * 100_000, "0" * 32 + "." + agent_over]
+    async with running(storage) as srv:
+        for sid in sids:
+            for method, msg in [
+                ("/fencepost.v1.LedgerService/GetSession", ledger_pb2.GetSessionRequest(session_id=sid)),
+                ("/fencepost.v1.LedgerService/Commit",
+                 ledger_pb2.CommitRequest(session_id=sid, generation=1, records=[b"r"])),
+                ("/fencepost.v1.LedgerService/Deliver", ledger_pb2.DeliverRequest(session_id=sid, payload=b"p")),
+                ("/fencepost.v1.ScheduleService/ListReminders", schedule_pb2.ListRemindersRequest(session_id=sid)),
+            ]:
+                _, refusal = await raw_call(srv, method, msg.SerializeToString())
+                assert refusal is not None, method
+                assert (refusal.code, refusal.info.reason) == (grpc.StatusCode.NOT_FOUND,
+                                                               reasons.SESSION_NOT_FOUND), (method, len(sid))
+        async with grpc.aio.insecure_channel(srv.target) as channel:
+            read = channel.unary_stream("/fencepost.v1.JournalService/ReadArchive")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                [r async for r in read(journal_pb2.ReadArchiveRequest(agent="a", name="n" * 100_000)
+                                       .SerializeToString(), timeout=30)]
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_txn_op_that_sets_no_write_is_refused(storage: Storage) -> None:
+    """An empty TxnOp (or one of a kind this server does not know) was
+    skipped: the Txn succeeded having applied less than asked, `versions`
+    no longer lined up with the ops, and 100,000 of them passed the
+    100-operation limit."""
+    put = kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v"))
+    cases = [
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(), put]), "success_ops[0]"),
+        (kv_pb2.TxnRequest(success_ops=[put], failure_ops=[put, kv_pb2.TxnOp()]), "failure_ops[1]"),
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp()] * 100_000), "success_ops[0]"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for msg, field in cases:
+            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
+        assert await snapshot(storage) == before

@@ -213,6 +213,37 @@ def test_metrics_move_and_logs_never_carry_tokens_or_payloads(tmp_path: Path) ->
         assert needle not in logs
 
 
+async def test_forwarded_client_cert_quoted_values_name_no_identity(tmp_path: Path) -> None:
+    """Envoy quotes a value holding `,` `;` or `=` (a certificate's Subject):
+    a Subject holding `;URI=<another id>` named that id, an operator of
+    another tenant here. Only the element's own URI pair counts, and a
+    header whose quote never ends is refused."""
+    spiffe = write_spiffe(tmp_path / "spiffe.json", {
+        "spiffe://mesh/ns/b/sa/x": ("tenant-b", "service"),
+        "spiffe://mesh/ns/a/sa/admin": ("tenant-a", "operator"),
+    })
+    app = App(Settings(listen="127.0.0.1:0", spiffe_map=spiffe, trust_xfcc=True), storage=MemoryStorage())
+    await app.start()
+
+    def client(xfcc: str) -> fencepost.AsyncClient:
+        return fencepost.AsyncClient(f"127.0.0.1:{app.port}", metadata=[("x-forwarded-client-cert", xfcc)],
+                                     retry=fencepost.NO_RETRY)
+
+    try:
+        for subject in ('"CN=e;URI=spiffe://mesh/ns/a/sa/admin"', '"O=x,CN=e;URI=spiffe://mesh/ns/a/sa/admin"',
+                        '"CN=\\"q\\";URI=spiffe://mesh/ns/a/sa/admin"'):
+            async with client(f"By=spiffe://mesh/ns/fp/sa/fencepost;Hash=abc;Subject={subject};"
+                              "URI=spiffe://mesh/ns/b/sa/x") as c:
+                await c.put("k", b"v")
+        assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k"]
+        async with client('URI=spiffe://mesh/ns/a/sa/admin;Subject="CN=e,By=x;URI=spiffe://mesh/ns/b/sa/x') as c:
+            with pytest.raises(errors.Unauthenticated):
+                await c.put("k", b"v")
+        assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k"]
+    finally:
+        await app.stop(grace=0.2)
+
+
 async def test_health_follows_the_backend_probe() -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -128,6 +128,9 @@ def test_tokens_file_missing(tmp_path: Path) -> None:
     pytest.param('["a list"]', '{"tokens": [', id="wrong-shape"),
     pytest.param('{"tokens": [{"name": "a", "sha256": "zz", "tenant": "t"}]}', "not hex", id="sha256-not-hex"),
     pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '"}]}', "no tenant", id="no-tenant"),
+    pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '", "tenant": "t"}, '
+                 '{"name": "b", "sha256": "' + "ab" * 32 + '", "tenant": "u"}]}', "one sha256",
+                 id="one-token-two-tenants"),
 ])
 def test_tokens_file_malformed(tmp_path: Path, content: str, expected: str) -> None:
     tokens = tmp_path / "tokens.json"
@@ -186,3 +189,22 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
 
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:
     assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
+
+
+def test_spiffe_map_without_a_source_of_spiffe_ids(tmp_path: Path) -> None:
+    """With neither mTLS nor the sidecar's header, nothing reads the map: the
+    server started with no authentication at all (every caller the default
+    tenant's operator) although the operator configured identities."""
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/ns/a/sa/x", "tenant": "a", "role": "service"}]}')
+    assert_refused(serve("--spiffe-map", str(spiffe), "--listen", "127.0.0.1:0", cwd=tmp_path), USAGE,
+                   "--spiffe-map", "--tls-client-ca", "--trust-xfcc")
+
+
+def test_spiffe_map_names_one_id_twice(tmp_path: Path) -> None:
+    """The later entry silently won: which tenant a caller got depended on file order."""
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/x", "tenant": "a", "role": "service"}, '
+                      '{"id": "spiffe://corp/x", "tenant": "a", "role": "operator"}]}')
+    assert_refused(serve("--spiffe-map", str(spiffe), "--trust-xfcc", "--listen", "127.0.0.1:0", cwd=tmp_path),
+                   USAGE, "--spiffe-map", "mapped twice")

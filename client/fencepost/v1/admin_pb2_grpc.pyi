@@ -60,7 +60,8 @@ class AdminServiceStub:
     """EraseAgent starts erasing every key of one agent of the caller's tenant
     and returns at once with the operation to poll. A retry with the same
     request_id returns the same operation.
-    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+    over 65,536 UTF-8 bytes: metadata `limit`, `size`);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -114,7 +115,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """EraseAgent starts erasing every key of one agent of the caller's tenant
     and returns at once with the operation to poll. A retry with the same
     request_id returns the same operation.
-    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+    over 65,536 UTF-8 bytes: metadata `limit`, `size`);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -171,7 +173,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """EraseAgent starts erasing every key of one agent of the caller's tenant
         and returns at once with the operation to poll. A retry with the same
         request_id returns the same operation.
-        Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+        Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+        over 65,536 UTF-8 bytes: metadata `limit`, `size`);
         INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
         common ones.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).

@@ -516,7 +516,9 @@ class AcquireLeaseRequest(_message.Message):
     session_id: _builtins.str
     """The session."""
     holder_id: _builtins.str
-    """Who asks (a worker id; stored in the lease for diagnostics)."""
+    """Who asks (a worker id; stored in the lease for diagnostics; at most
+    1024 characters, else FIELD_INVALID).
+    """
     generation: _builtins.int
     """The caller's current generation, to renew through AcquireLease (0 = none)."""
     @_builtins.property
@@ -608,7 +610,9 @@ class RenewLeaseRequest(_message.Message):
     generation: _builtins.int
     """The generation the caller holds."""
     holder_id: _builtins.str
-    """The caller's holder id (kept in the lease record)."""
+    """The caller's holder id (kept in the lease record; at most 1024
+    characters, else FIELD_INVALID).
+    """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
         """The new time to live from now (unset = 30 s; negative is refused)."""
@@ -925,7 +929,9 @@ class DeliverRequest(_message.Message):
     dedupe_key: _builtins.str
     """At-least-once sources: the same key parks once, ever."""
     try_lease: _builtins.str
-    """When set, the holder id that tries the lease after parking."""
+    """When set, the holder id that tries the lease after parking (at most
+    1024 characters, else FIELD_INVALID before anything is parked).
+    """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
         """The lease ttl for try_lease (unset = 30 s; negative is refused before
@@ -1112,7 +1118,7 @@ class ClaimOrphanRequest(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     holder_id: _builtins.str
-    """Who takes it."""
+    """Who takes it (at most 1024 characters, else FIELD_INVALID)."""
     agent: _builtins.str
     """Only sessions of this agent ("" = any agent of the tenant)."""
     @_builtins.property
@@ -1121,7 +1127,9 @@ class ClaimOrphanRequest(_message.Message):
 
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
-        """How long to wait for an orphan (unset = return at once; at most 60 s)."""
+        """How long to wait for an orphan (unset = return at once; at most 60 s;
+        negative is refused with FIELD_INVALID).
+        """
 
     def __init__(
         self,

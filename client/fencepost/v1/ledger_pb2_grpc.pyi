@@ -110,7 +110,8 @@ class LedgerServiceStub:
     1..at_seq (shared, not copied) followed by its own. The child starts with
     no lease and an empty inbox.
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-    at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+    at_seq is beyond the parent's head or child_session_key is over 1024
+    UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
     Roles: service and operator.
     """
@@ -313,7 +314,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     1..at_seq (shared, not copied) followed by its own. The child starts with
     no lease and an empty inbox.
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-    at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+    at_seq is beyond the parent's head or child_session_key is over 1024
+    UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
     child_session_key already names another session (resolve it instead).
     Roles: service and operator.
     """
@@ -543,7 +545,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         1..at_seq (shared, not copied) followed by its own. The child starts with
         no lease and an empty inbox.
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-        at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+        at_seq is beyond the parent's head or child_session_key is over 1024
+        UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
         child_session_key already names another session (resolve it instead).
         Roles: service and operator.
         """

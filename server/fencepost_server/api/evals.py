@@ -11,7 +11,7 @@ from fencepost.v1 import evals_pb2, evals_pb2_grpc
 
 from ..domain.evals import EvalRun, EvalStore
 from .base import Authenticator, RpcObserver, ServicerBase, caller, unary
-from .fields import check_json_struct
+from .fields import check_json_struct, timestamp_micros
 
 
 def _obj(struct: struct_pb2.Struct, field: str) -> dict[str, Any]:
@@ -77,7 +77,10 @@ class EvalServicer(ServicerBase, evals_pb2_grpc.EvalServiceServicer):
     async def PutAbSample(
         self, request: evals_pb2.PutAbSampleRequest, context: grpc.aio.ServicerContext
     ) -> evals_pb2.PutAbSampleResponse:
-        at_ns = request.at.seconds * 1_000_000_000 + request.at.nanos if request.HasField("at") else None
+        # A Timestamp's nanos outside 0..999,999,999 would name the key of
+        # another instant (seconds=0, nanos=1e9 is seconds=1): refused.
+        at_ns = None if timestamp_micros(request, "at") is None \
+            else request.at.seconds * 1_000_000_000 + request.at.nanos
         await self.evals.put_sample(
             caller().tenant, request.agent, request.experiment, request.session_id, at_ns,
             _obj(request.sample, "sample"), request.request_id,

@@ -15,16 +15,18 @@ from fencepost import reasons
 from ..domain.errors import InvalidArgument
 
 
-def timestamp_micros(msg: Any, field: str) -> int | None:
+def timestamp_micros(msg: Any, field: str, path: str | None = None) -> int | None:
     """A request Timestamp in microseconds (None when unset), refused unless
-    it is a valid Timestamp (0001-01-01 .. 9999-12-31, nanos in 0..999,999,999)."""
+    it is a valid Timestamp (0001-01-01 .. 9999-12-31, nanos in 0..999,999,999).
+    `path` names the field in the refusal when `msg` is nested in the request."""
     if not msg.HasField(field):
         return None
     ts = getattr(msg, field)
     if not (_MIN_TS_SECONDS <= ts.seconds <= _MAX_TS_SECONDS and 0 <= ts.nanos <= 999_999_999):
+        path = path or field
         raise InvalidArgument(
-            reasons.FIELD_INVALID, f"{field} is not a valid timestamp (years 1 to 9999)",
-            {"seconds": ts.seconds, "nanos": ts.nanos}, field=field,
+            reasons.FIELD_INVALID, f"{path} is not a valid timestamp (years 1 to 9999)",
+            {"seconds": ts.seconds, "nanos": ts.nanos}, field=path,
         )
     return int(ts.seconds * 1_000_000 + ts.nanos // 1000)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import grpc
 
+from fencepost import reasons
 from fencepost.v1 import kv_pb2, kv_pb2_grpc
 
+from ..domain.errors import InvalidArgument
 from ..domain.kv import Compare, KvStore
 from ..storage import Delete, Expect, Put, Write
 from .base import Authenticator, RpcObserver, ServicerBase, caller, unary
@@ -22,13 +24,20 @@ def _expect(c: kv_pb2.Compare) -> Expect:
     return Expect()  # no target: always holds
 
 
-def _writes(ops: list[kv_pb2.TxnOp]) -> list[Write]:
+def _writes(ops: list[kv_pb2.TxnOp], field: str) -> list[Write]:
     out: list[Write] = []
-    for op in ops:
-        if op.WhichOneof("op") == "put":
+    for i, op in enumerate(ops):
+        which = op.WhichOneof("op")
+        if which == "put":
             out.append(Put(op.put.key, op.put.value))
-        elif op.WhichOneof("op") == "delete_key":
+        elif which == "delete_key":
             out.append(Delete(op.delete_key))
+        else:
+            # Skipping it would apply less than was asked (an op of a newer
+            # client, say), shift `versions` against the ops, and let any
+            # number of empty ops past the 100-operation limit.
+            raise InvalidArgument(reasons.FIELD_INVALID, f"{field}[{i}] sets no write (put or delete_key)",
+                                  field=f"{field}[{i}]")
     return out
 
 
@@ -105,7 +114,8 @@ class KvServicer(ServicerBase, kv_pb2_grpc.KvServiceServicer):
     async def Txn(self, request: kv_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> kv_pb2.TxnResponse:
         compares = [Compare(c.key, _expect(c)) for c in request.compares]
         out = await self.kv.txn(
-            caller().tenant, compares, _writes(list(request.success_ops)), _writes(list(request.failure_ops)),
+            caller().tenant, compares, _writes(list(request.success_ops), "success_ops"),
+            _writes(list(request.failure_ops), "failure_ops"),
             request.request_id,
         )
         return kv_pb2.TxnResponse(

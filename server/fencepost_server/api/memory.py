@@ -34,12 +34,20 @@ def _enum_name(value: int, names: tuple[str, ...], field: str, *, strict: bool =
     return None
 
 
+def _known(value: int, enum: object, field: str) -> int:
+    """A request enum that only selects a mode: refused when its number is not
+    one of the enum's values (proto3 enums carry any number)."""
+    if value not in enum.DESCRIPTOR.values_by_number:  # type: ignore[attr-defined]
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} has unknown value {value}", field=field)
+    return value
+
+
 def _enum_number(name: str | None, names: tuple[str, ...]) -> int:
     return names.index(name) + 1 if name in names else 0
 
 
-def _micros(msg: object, field: str) -> int | None:
-    return timestamp_micros(msg, field)
+def _micros(msg: object, field: str, where: str = "") -> int | None:
+    return timestamp_micros(msg, field, f"{where}.{field}" if where else field)
 
 
 def _ts(micros: int) -> timestamp_pb2.Timestamp:
@@ -92,9 +100,10 @@ def topic_pb(t: Topic) -> pb.MemoryTopic:
 def _imported(i: int, m: pb.MemoryEntry) -> Entry:
     where = f"entries[{i}]"
     return Entry(
-        id=m.id, content=m.content, created_at=_micros(m, "created_at") or 0,
+        id=m.id, content=m.content, created_at=_micros(m, "created_at", where) or 0,
         kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind", strict=False),
-        about=tuple(m.about), valid_from=_micros(m, "valid_from"), valid_until=_micros(m, "valid_until"),
+        about=tuple(m.about), valid_from=_micros(m, "valid_from", where),
+        valid_until=_micros(m, "valid_until", where),
         supersedes=m.supersedes or None, metadata=_metadata(m, f"{where}.metadata"),
         session_id=m.provenance.session_id, channel=m.provenance.channel,
         trust=_enum_name(m.provenance.trust, rules.TRUST_LEVELS, f"{where}.provenance.trust", strict=False),
@@ -140,7 +149,8 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def List(
         self, request: pb.MemoryServiceListRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServiceListResponse:
-        validity = "all" if request.validity == pb.MEMORY_VALIDITY_FILTER_ALL else "current"
+        validity = "all" if _known(request.validity, pb.MemoryValidityFilter, "validity") \
+            == pb.MEMORY_VALIDITY_FILTER_ALL else "current"
         out = await self.memory.list(
             caller().tenant, request.agent_id, limit=request.limit, validity=validity,
             size=request.page_size, token=request.page_token,
@@ -156,7 +166,7 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     ) -> pb.MemoryServiceSearchResponse:
         out = await self.memory.search(
             caller().tenant, request.agent_id, request.query, limit=request.limit,
-            strategy=_STRATEGY_NAME.get(request.strategy),
+            strategy=_STRATEGY_NAME.get(_known(request.strategy, pb.MemoryStrategy, "strategy")),
         )
         return pb.MemoryServiceSearchResponse(
             entries=self._views(request.agent_id, out.entries), truncated=out.truncated,
@@ -213,7 +223,8 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     async def Pinned(
         self, request: pb.MemoryServicePinnedRequest, context: grpc.aio.ServicerContext
     ) -> pb.MemoryServicePinnedResponse:
-        include = "allocated" if request.include == pb.MEMORY_PINNED_INCLUDE_ALLOCATED else "current"
+        include = "allocated" if _known(request.include, pb.MemoryPinnedInclude, "include") \
+            == pb.MEMORY_PINNED_INCLUDE_ALLOCATED else "current"
         views, allocated = await self.memory.pinned(caller().tenant, request.agent_id, include)
         return pb.MemoryServicePinnedResponse(
             entries=self._views(request.agent_id, views), allocated_bytes=allocated

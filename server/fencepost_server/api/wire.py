@@ -112,8 +112,13 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+#: protobuf refuses messages nested deeper than this (upb's default decode
+#: depth); the walk stops there too, instead of recursing as deep as the bytes go
+MAX_DEPTH = 100
+
+
 def undecodable_field(
-    descriptor: Descriptor, data: bytes, prefix: str = ""
+    descriptor: Descriptor, data: bytes, prefix: str = "", depth: int = 1
 ) -> tuple[str, FieldDescriptor, str] | None:
     """(path, field, problem) of the first field that makes `data` undecodable
     as `descriptor`, or None when the problem is not inside a known field."""
@@ -151,7 +156,9 @@ def undecodable_field(
                     except UnicodeDecodeError:
                         return path, field, "is not valid UTF-8"
                 elif field is not None and field.message_type is not None:
-                    inner = undecodable_field(field.message_type, body, path + ".")
+                    if depth >= MAX_DEPTH:
+                        return path, field, f"nests messages deeper than {MAX_DEPTH} levels"
+                    inner = undecodable_field(field.message_type, body, path + ".", depth + 1)
                     if inner is not None:
                         return inner
             else:

@@ -64,6 +64,8 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
+#: the longest agent name EraseAgent takes: its operation record keeps the name
+MAX_AGENT_BYTES = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,11 @@ class Eraser:
         if agent is not None and (not agent or "\x00" in agent):
             raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL",
                                   field="agent")
+        if agent is not None and len(agent.encode()) > MAX_AGENT_BYTES:
+            # the operation's record keeps the name, and must fit one DynamoDB item
+            raise InvalidArgument(reasons.AGENT_NAME_INVALID,
+                                  f"agent is {len(agent.encode())} bytes, over the limit of {MAX_AGENT_BYTES}",
+                                  {"limit": MAX_AGENT_BYTES, "size": len(agent.encode())}, field="agent")
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")
@@ -138,7 +145,7 @@ class Eraser:
 
     async def get(self, tenant: str, name: str) -> OperationView:
         op_id = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
-        item = await self.storage.get(OPS_PREFIX + op_id) if _ID.match(op_id) else None
+        item = await self.storage.get(OPS_PREFIX + op_id) if _ID.fullmatch(op_id) else None
         state = json.loads(item.value) if item is not None else None
         if state is None or state["tenant"] != _digest(tenant):
             raise NotFound(reasons.OPERATION_NOT_FOUND, f"no operation {name!r}", {"name": name})

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -168,6 +169,11 @@ def _head_state(item: Item | None) -> dict[str, int]:
     if item is None:
         return {"gen": 1, "seq": 0, "bytes": 0, "records": 0}
     return dict(json.loads(item.value))
+
+
+#: what archive_name writes; any other name is no archive (and is not looked
+#: up: a long one would be over DynamoDB's key limit, a refusal there)
+_ARCHIVE_NAME = re.compile(r"[0-9]{6,19}-[0-9]{8}T[0-9]{6}\.[0-9]{3}Z")
 
 
 def archive_name(rotated_ms: int, gen: int) -> str:
@@ -393,7 +399,7 @@ class Journal:
         check_agent(agent, "agent")
         keys = _keys(tenant, agent)
         missing = NotFound(reasons.ARCHIVE_NOT_FOUND, f"no archive named {name!r}", {"name": name, "agent": agent})
-        item = await self.storage.get(keys.archive + name) if name and "/" not in name else None
+        item = await self.storage.get(keys.archive + name) if _ARCHIVE_NAME.fullmatch(name) else None
         if item is None:
             raise missing
         gen = json.loads(item.value)["gen"]

@@ -102,15 +102,58 @@ class ForwardedCertSource:
         value = _metadata(context, self.header)
         if value is None:
             return None
+        elements = xfcc_elements(value)
+        if elements is None:
+            raise _refuse("x-forwarded-client-cert is malformed (an unterminated quoted value)")
         # The last element is the hop closest to us (the sidecar's own peer).
-        element = value.split(",")[-1]
-        uris = [kv.split("=", 1)[1].strip('"') for kv in element.split(";") if kv.lower().startswith("uri=")]
+        uris = [v for k, v in elements[-1] if k.lower() == "uri"]
         if not uris:
             raise _refuse("x-forwarded-client-cert carries no URI")
         identity = self.identities.by_spiffe(uris[0])
         if identity is None:
             raise _refuse(f"SPIFFE id {uris[0]} is not mapped to a tenant")
         return identity
+
+
+def xfcc_elements(value: str) -> list[list[tuple[str, str]]] | None:
+    """Envoy's XFCC header as elements (split on `,`) of key=value pairs (split
+    on `;`), or None when a quoted value never ends. A value in double quotes
+    may hold `,`, `;`, `=` and `\\"` (a certificate's Subject does): splitting
+    on those characters blindly let a Subject holding `;URI=...` name any
+    SPIFFE id."""
+    elements: list[list[tuple[str, str]]] = [[]]
+    token: list[str] = []
+    quoted = escaped = False
+
+    def end_pair() -> None:
+        key, _, val = "".join(token).partition("=")
+        if key.strip():
+            elements[-1].append((key.strip(), val))
+        token.clear()
+
+    for ch in value:
+        if escaped:
+            token.append(ch)
+            escaped = False
+        elif quoted:
+            if ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+            else:
+                token.append(ch)
+        elif ch == '"':
+            quoted = True
+        elif ch in ";,":
+            end_pair()
+            if ch == ",":
+                elements.append([])
+        else:
+            token.append(ch)
+    if quoted or escaped:
+        return None
+    end_pair()
+    return elements
 
 
 class ChainAuthenticator:

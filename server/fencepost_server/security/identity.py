@@ -103,7 +103,13 @@ class IdentityMap:
                 raise ValueError(f"{where}: sha256 of {name!r} is not hex (fencepost hash-token makes one)") from None
             if len(digest) != 32:
                 raise ValueError(f"{where}: sha256 of {name!r} is not 32 bytes")
-            out.append((digest, _identity(entry, name, where)))
+            identity = _identity(entry, name, where)
+            for stored, other in out:
+                if stored == digest and (other.tenant, other.role) != (identity.tenant, identity.role):
+                    # one token, two identities: which one a call gets must not depend on file order
+                    raise ValueError(f"{where}: {other.subject!r} and {name!r} have one sha256 but "
+                                     "different tenants or roles")
+            out.append((digest, identity))
         return out
 
     def _load_spiffe(self) -> dict[str, Identity]:
@@ -112,7 +118,11 @@ class IdentityMap:
         out = {}
         for n, entry in enumerate(_entries(self.spiffe_file, "spiffe", _SPIFFE_SHAPE)):
             spiffe_id = _field(entry, "id", n, where, _SPIFFE_SHAPE)
-            out[spiffe_id] = _identity(entry, spiffe_id, where)
+            identity = _identity(entry, spiffe_id, where)
+            other = out.get(spiffe_id)
+            if other is not None and (other.tenant, other.role) != (identity.tenant, identity.role):
+                raise ValueError(f"{where}: {spiffe_id!r} is mapped twice, to different tenants or roles")
+            out[spiffe_id] = identity
         return out
 
     def by_token(self, token: str) -> Identity | None:

@@ -88,6 +88,15 @@ def bad(field_name: str, message: str) -> InvalidArgument:
     return InvalidArgument(reasons.FIELD_INVALID, message, field=field_name)
 
 
+#: a holder id is kept in the lease item (a DynamoDB item holds 400 KB at most)
+MAX_HOLDER_CHARS = 1024
+
+
+def check_holder(holder: str, field_name: str = "holder_id") -> None:
+    if len(holder) > MAX_HOLDER_CHARS:
+        raise bad(field_name, f"{field_name} is longer than {MAX_HOLDER_CHARS} characters (got {len(holder)})")
+
+
 class _Lru:
     def __init__(self, size: int) -> None:
         self.size = size

@@ -28,6 +28,7 @@ class ForkMethods(ListingMethods):
     async def fork(self, tenant: str, parent_sid: str, at_seq: int, child_key: str) -> SessionView:
         """A child whose log is the parent's 1..at_seq (shared) then its own."""
         check_name(child_key, "child_session_key")
+        self._check_key_size(child_key, "child_session_key")
         parent = self.keys(tenant, parent_sid)
         meta_i, head_i, act_i = await asyncio.gather(
             self.storage.get(parent.meta), self.storage.get(parent.head), self.storage.get(parent.act),

@@ -13,7 +13,7 @@ from fencepost import reasons
 from ...storage import Check, Item, Put, Write
 from ..errors import NotFound, limit_error
 from ..paging import page_size
-from .core import ABSENT, PRESENT, LedgerBase, bad, contended
+from .core import ABSENT, PRESENT, LedgerBase, bad, check_holder, contended
 from .layout import (
     LeaseState,
     SessionKeys,
@@ -71,6 +71,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
             raise bad("dedupe_key", "dedupe_key is longer than 1024 characters")
         if try_lease:
             ttl = self.ttl(ttl)  # type: ignore[attr-defined]  # refused before anything is parked
+            check_holder(try_lease, "try_lease")
         if session_id:
             sid = session_id
             sk = self.keys(tenant, sid)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...storage import Item
 from ..throttled_log import ThrottledWarning
-from .core import LedgerBase, SessionView
+from .core import LedgerBase, SessionView, bad, check_holder
 from .layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
 
 log = logging.getLogger("fencepost.ledger.janitor")
@@ -186,7 +186,10 @@ class Janitor:
         acquire), it fails and the orphan is dropped, so one orphan is never
         granted twice, across any number of replicas."""
         ttl = self.ledger.ttl(ttl)
-        deadline = time.monotonic() + max(0.0, wait)
+        check_holder(holder)
+        if wait < 0:
+            raise bad("wait", f"wait must not be negative (got {wait}s); 0 returns at once")
+        deadline = time.monotonic() + wait
         while True:
             for orphan in list(self._orphans.get(tenant, {}).values()):
                 if agent and orphan.agent != agent:

@@ -58,6 +58,11 @@ PENDING_PREFIX = GLOBAL_PREFIX + "ledger/pending/"
 BLOB_PREFIX = GLOBAL_PREFIX + "ledger/blob/"
 ERASE_PREFIX = GLOBAL_PREFIX + "ledger/erase/"
 
+#: an agent name is part of every session id of the agent (and so of every key
+#: of its sessions): bounded so those keys fit every backend's key limits
+MAX_AGENT_BYTES = 256
+
+# matched with fullmatch: `$` alone also matches before a trailing newline
 _SID = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_-]+$")
 _INBOX_ID = re.compile(r"^[0-9]{20}-[0-9a-f]{8}$")
 
@@ -68,14 +73,20 @@ def new_session_id(agent: str) -> str:
 
 
 def agent_of(session_id: str) -> str:
-    """The agent a session id belongs to; SESSION_NOT_FOUND for a malformed id."""
-    if _SID.match(session_id):
+    """The agent a session id belongs to; SESSION_NOT_FOUND for a malformed id,
+    and for one naming an agent longer than any session's: its keys would be
+    over DynamoDB's key limits (a refusal there), so no backend looks it up."""
+    if _SID.fullmatch(session_id) and len(session_id) <= _MAX_SID_CHARS:
         tag = session_id.split(".", 1)[1]
         try:
             return base64.urlsafe_b64decode(tag + "=" * (-len(tag) % 4)).decode()
         except (binascii.Error, UnicodeDecodeError):
             pass
     raise session_not_found(session_id)
+
+
+#: 32 hex digits, a dot, and the agent's MAX_AGENT_BYTES in unpadded base64
+_MAX_SID_CHARS = 33 + (4 * MAX_AGENT_BYTES + 2) // 3
 
 
 def session_not_found(session_id: str) -> NotFound:
@@ -97,7 +108,7 @@ def inbox_time(inbox_id: str) -> float:
 
 
 def check_inbox_id(inbox_id: str, field: str) -> None:
-    if not _INBOX_ID.match(inbox_id):
+    if not _INBOX_ID.fullmatch(inbox_id):
         raise InvalidArgument(reasons.FIELD_INVALID, f"{inbox_id!r} is not an inbox id", field=field)
 
 

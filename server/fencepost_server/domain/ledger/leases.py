@@ -4,7 +4,7 @@ generation item), all in one conditional write each."""
 from __future__ import annotations
 
 from ...storage import Check, CountKeys, Expect, Item, Put, Write
-from .core import INBOX_COUNT_CAP, LedgerBase, bad, contended, lease_fenced, lease_held
+from .core import INBOX_COUNT_CAP, LedgerBase, bad, check_holder, contended, lease_fenced, lease_held
 from .layout import LeaseState, SessionKeys, gen_value, is_erased, parse_gen, session_not_found
 
 _ATTEMPTS = 8
@@ -22,6 +22,7 @@ class LeaseMethods(LedgerBase):
         more attempt; a "held" verdict is always confirmed by a fresh read."""
         if not holder:
             raise bad("holder_id", "holder_id is required")
+        check_holder(holder)
         ttl = self.ttl(ttl)
         sk = self.keys(tenant, sid)
         item = self.cached_lease(sk.lease)
@@ -71,6 +72,7 @@ class LeaseMethods(LedgerBase):
         One transaction conditioned on the generation only: a retry after an
         ambiguous failure succeeds again."""
         ttl = self.ttl(ttl)
+        check_holder(holder)
         sk = self.keys(tenant, sid)
         if not holder:
             cached = self.cached_lease(sk.lease)

@@ -13,6 +13,7 @@ from ..errors import Code, DomainError, NotFound, limit_error
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
 from .core import SessionView, bad
 from .layout import (
+    MAX_AGENT_BYTES,
     NO_LEASE,
     LeaseState,
     Meta,
@@ -36,11 +37,6 @@ class SessionSummary:
     seq: int
     last_activity: float
     total_bytes: int
-
-
-#: an agent name is part of every session id of the agent (and so of every key
-#: of its sessions): bounded so those keys fit every backend's key limits
-MAX_AGENT_BYTES = 256
 
 
 def check_name(value: str, field_name: str) -> None:
@@ -73,12 +69,15 @@ class SessionMethods(ActivityMethods):
             *creation_writes(sk, act),
         ], act.act_value()
 
+    def _check_key_size(self, key: str, field: str) -> None:
+        """A session key is at most a key long (it is kept in the session's items)."""
+        key_size = len(key.encode())
+        if key_size > self.limits.max_key_bytes:
+            raise limit_error(reasons.FIELD_INVALID, field, self.limits.max_key_bytes, key_size, field=field)
+
     def _check_meta_size(self, meta: Meta) -> None:
         """The session's record (its key, agent and metadata) must fit a value."""
-        key_size = len(meta.key.encode())
-        if key_size > self.limits.max_key_bytes:
-            raise limit_error(reasons.FIELD_INVALID, "session_key", self.limits.max_key_bytes, key_size,
-                              field="session_key")
+        self._check_key_size(meta.key, "session_key")
         size = len(meta.encode())
         if size > self.limits.max_value_bytes:
             raise limit_error(reasons.FIELD_INVALID, "the session's metadata", self.limits.max_value_bytes, size,

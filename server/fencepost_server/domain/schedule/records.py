@@ -74,7 +74,7 @@ Change = Create | Delete | Dispatch
 
 def id_number(reminder_id: str) -> int | None:
     """n of a well-formed `rem_<n>` (n >= 1, no leading zeros); else None."""
-    m = _ID.match(reminder_id) if isinstance(reminder_id, str) else None
+    m = _ID.fullmatch(reminder_id) if isinstance(reminder_id, str) else None
     return int(m.group(1)) if m else None
 
 
@@ -119,7 +119,9 @@ def is_schedule_record(data: bytes) -> dict[str, object] | None:
         return None
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nesting deeper than the parser goes is not a record
+        # we wrote either, and must not end every read of the session's schedule.
         return None
     if isinstance(obj, dict) and obj.get("stream") == STREAM:
         return obj

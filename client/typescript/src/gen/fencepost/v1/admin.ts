@@ -767,7 +767,8 @@ export const AdminServiceService = {
    * EraseAgent starts erasing every key of one agent of the caller's tenant
    * and returns at once with the operation to poll. A retry with the same
    * request_id returns the same operation.
-   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+   * over 65,536 UTF-8 bytes: metadata `limit`, `size`);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -823,7 +824,8 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * EraseAgent starts erasing every key of one agent of the caller's tenant
    * and returns at once with the operation to poll. A retry with the same
    * request_id returns the same operation.
-   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+   * over 65,536 UTF-8 bytes: metadata `limit`, `size`);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -854,7 +856,8 @@ export interface AdminServiceClient extends Client {
    * EraseAgent starts erasing every key of one agent of the caller's tenant
    * and returns at once with the operation to poll. A retry with the same
    * request_id returns the same operation.
-   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent);
+   * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
+   * over 65,536 UTF-8 bytes: metadata `limit`, `size`);
    * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
    * common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).

@@ -2728,7 +2728,8 @@ export const KvServiceService = {
    * `succeeded = false`, not an error.
    * At most 100 operations: the compares plus the ops of a branch, plus 2
    * when `request_id` is set (its marker travels in the same atomic write).
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * Errors: the common ones (FIELD_INVALID also for an op that sets neither
+   * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
    * operations or the 4 MiB transaction byte limit; metadata `limit`,
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
@@ -2818,7 +2819,8 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * `succeeded = false`, not an error.
    * At most 100 operations: the compares plus the ops of a branch, plus 2
    * when `request_id` is set (its marker travels in the same atomic write).
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * Errors: the common ones (FIELD_INVALID also for an op that sets neither
+   * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
    * operations or the 4 MiB transaction byte limit; metadata `limit`,
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
@@ -3017,7 +3019,8 @@ export interface KvServiceClient extends Client {
    * `succeeded = false`, not an error.
    * At most 100 operations: the compares plus the ops of a branch, plus 2
    * when `request_id` is set (its marker travels in the same atomic write).
-   * Errors: the common ones; INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+   * Errors: the common ones (FIELD_INVALID also for an op that sets neither
+   * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
    * operations or the 4 MiB transaction byte limit; metadata `limit`,
    * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
    * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared

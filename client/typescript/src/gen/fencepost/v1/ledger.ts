@@ -202,7 +202,10 @@ export interface ForkResponse {
 export interface AcquireLeaseRequest {
   /** The session. */
   sessionId: string;
-  /** Who asks (a worker id; stored in the lease for diagnostics). */
+  /**
+   * Who asks (a worker id; stored in the lease for diagnostics; at most
+   * 1024 characters, else FIELD_INVALID).
+   */
   holderId: string;
   /**
    * How long the lease lasts unless renewed (unset = 30 s; negative is
@@ -246,7 +249,10 @@ export interface RenewLeaseRequest {
   ttl:
     | Duration
     | undefined;
-  /** The caller's holder id (kept in the lease record). */
+  /**
+   * The caller's holder id (kept in the lease record; at most 1024
+   * characters, else FIELD_INVALID).
+   */
   holderId: string;
 }
 
@@ -355,7 +361,10 @@ export interface DeliverRequest {
   payload: Buffer;
   /** At-least-once sources: the same key parks once, ever. */
   dedupeKey: string;
-  /** When set, the holder id that tries the lease after parking. */
+  /**
+   * When set, the holder id that tries the lease after parking (at most
+   * 1024 characters, else FIELD_INVALID before anything is parked).
+   */
   tryLease: string;
   /**
    * The lease ttl for try_lease (unset = 30 s; negative is refused before
@@ -412,13 +421,16 @@ export interface WatchInboxResponse {
 
 /** ClaimOrphanRequest asks for an orphaned session. */
 export interface ClaimOrphanRequest {
-  /** Who takes it. */
+  /** Who takes it (at most 1024 characters, else FIELD_INVALID). */
   holderId: string;
   /** The lease ttl (unset = 30 s; negative is refused). */
   ttl:
     | Duration
     | undefined;
-  /** How long to wait for an orphan (unset = return at once; at most 60 s). */
+  /**
+   * How long to wait for an orphan (unset = return at once; at most 60 s;
+   * negative is refused with FIELD_INVALID).
+   */
   wait:
     | Duration
     | undefined;
@@ -4654,7 +4666,8 @@ export const LedgerServiceService = {
    * 1..at_seq (shared, not copied) followed by its own. The child starts with
    * no lease and an empty inbox.
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-   * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+   * at_seq is beyond the parent's head or child_session_key is over 1024
+   * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
    * Roles: service and operator.
    */
@@ -4922,7 +4935,8 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * 1..at_seq (shared, not copied) followed by its own. The child starts with
    * no lease and an empty inbox.
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-   * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+   * at_seq is beyond the parent's head or child_session_key is over 1024
+   * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
    * Roles: service and operator.
    */
@@ -5155,7 +5169,8 @@ export interface LedgerServiceClient extends Client {
    * 1..at_seq (shared, not copied) followed by its own. The child starts with
    * no lease and an empty inbox.
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
-   * at_seq is beyond the parent's head; ALREADY_EXISTS / FIELD_INVALID when
+   * at_seq is beyond the parent's head or child_session_key is over 1024
+   * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
    * child_session_key already names another session (resolve it instead).
    * Roles: service and operator.
    */
