@@ -33,7 +33,8 @@ ENV_TLS_SERVER_NAME = "FENCEPOST_TLS_SERVER_NAME"
 
 
 class ConnectionConfigError(ValueError):
-    """The TLS settings cannot be used (a file is missing, a half pair)."""
+    """The connection settings cannot be used (a TLS file is missing, a half
+    pair, a token no header can carry)."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,21 @@ def resolve_token(token: str | None, env: Mapping[str, str] | None = None) -> st
     """An explicit token wins, even "" (no token although the variable is set)."""
     env = os.environ if env is None else env
     if token is not None:
-        return token or None
-    return env.get(ENV_TOKEN) or None
+        return check_token(token) or None
+    return check_token(env.get(ENV_TOKEN) or "") or None
+
+
+def check_token(token: str) -> str:
+    """The token itself, when a gRPC header can carry it (printable ASCII).
+    Anything else fails here, by name, instead of inside gRPC's call batch
+    with an opaque error; the usual cause is a line end kept from a file
+    (`FENCEPOST_TOKEN=$(cat token.txt)` of a file saved with CRLF)."""
+    for at, char in enumerate(token):
+        if not " " <= char <= "~":
+            raise ConnectionConfigError(
+                f"the bearer token ({ENV_TOKEN} or --token) has {char!r} at position {at}: a token is "
+                "printable ASCII only (a line end copied from a file?)")
+    return token
 
 
 def resolve_tls(

@@ -182,3 +182,15 @@ async def test_readme_holder_loop_runs_with_only_the_endpoint_in_the_environment
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
             await proc.wait()
+
+
+@pytest.mark.parametrize("token", ["tok\r", "tok\n", "tök"], ids=["cr", "newline", "non-ascii"])
+async def test_a_token_no_header_can_carry_is_a_usage_error(srv: RunningServer, token: str) -> None:
+    # a line end kept from a token file used to escape from inside gRPC's call
+    # batch: a traceback from `fencepostctl`, "unexpected ExecuteBatchError" elsewhere
+    rc, out, err = await run("kv", "get", "k", env={**client_env(srv.target), "FENCEPOST_TOKEN": token})
+    assert rc == Exit.USAGE and out == b"", err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("fencepost: ") and "FENCEPOST_TOKEN" in err and "printable ASCII" in err
+    with pytest.raises(ValueError, match="printable ASCII"):
+        fencepost.AsyncClient(srv.target, token=token)

@@ -284,12 +284,13 @@ def connect(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
                       env=env)
     credentials = None
     options: list[tuple[str, Any]] = []
-    if tls.enabled:
-        try:
+    try:
+        if tls.enabled:
             credentials, options = tls.credentials()
-        except ConnectionConfigError as exc:
-            raise UsageError(str(exc)) from exc
-    return AsyncClient(resolve_target(args.endpoint, env), token=resolve_token(args.token, env) or "",
+        token = resolve_token(args.token, env) or ""
+    except ConnectionConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    return AsyncClient(resolve_target(args.endpoint, env), token=token,
                        credentials=credentials, timeout=args.timeout, options=options or None, env=env)
 
 
@@ -347,3 +348,6 @@ def run_sync(args: argparse.Namespace) -> int:
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
+    except Exception as exc:  # the last resort (a bug): one line, as `fencepost serve` prints it
+        print(f"fencepost: error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return Exit.ERROR
