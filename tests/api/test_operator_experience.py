@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -194,3 +195,18 @@ async def test_a_token_no_header_can_carry_is_a_usage_error(srv: RunningServer, 
     assert err.startswith("fencepost: ") and "FENCEPOST_TOKEN" in err and "printable ASCII" in err
     with pytest.raises(ValueError, match="printable ASCII"):
         fencepost.AsyncClient(srv.target, token=token)
+
+
+async def test_readme_memory_search_finds_what_the_readme_appended(srv: RunningServer) -> None:
+    # the README searched "deploy" for "deploys happen on tuesdays": whole-word
+    # matching found nothing, so the example showed an empty table
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## Operate it"):]
+    lines = {argv[2]: argv[2:] for argv in (
+        shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("fencepost memory "))}
+    rc, out, err = await cli(srv, "memory", *lines["append"])
+    assert rc == 0, err
+    entry_id = out.strip()
+    rc, out, err = await cli(srv, "memory", *lines["search"], "--json")
+    assert rc == 0, err
+    assert [e["id"] for e in json.loads(out)["entries"]] == [entry_id]
