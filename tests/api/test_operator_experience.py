@@ -210,3 +210,16 @@ async def test_readme_memory_search_finds_what_the_readme_appended(srv: RunningS
     rc, out, err = await cli(srv, "memory", *lines["search"], "--json")
     assert rc == 0, err
     assert [e["id"] for e in json.loads(out)["entries"]] == [entry_id]
+
+
+def test_a_sync_client_refused_at_construction_leaves_no_thread_behind() -> None:
+    import threading
+
+    def loops() -> int:
+        return sum(t.name == "fencepost-client" for t in threading.enumerate())
+
+    before = loops()
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            fencepost.Client("127.0.0.1:1", token="tok\n")
+    assert loops() == before
