@@ -237,3 +237,19 @@ def test_tls_files_that_parse_pass_the_check(tls_pairs: dict[str, Path]) -> None
 
     check_config(Settings(listen="127.0.0.1:0", tls_cert=tls_pairs["a.crt"], tls_key=tls_pairs["a.key"],
                           tls_client_ca=tls_pairs["b.crt"]))
+
+
+@pytest.mark.parametrize(("listen", "metrics", "workers"), [
+    pytest.param("127.0.0.1:{p}", "127.0.0.1:{p}", "1", id="same-address"),
+    pytest.param("127.0.0.1:{p}", "0.0.0.0:{p}", "1", id="wildcard-metrics"),
+    pytest.param("127.0.0.1:{p}", "127.0.0.1:{q}", "2", id="second-worker-metrics"),
+])
+def test_metrics_on_the_grpc_port(tmp_path: Path, listen: str, metrics: str, workers: str) -> None:
+    # both ports were free when checked one by one, so the second bind failed
+    # later: "cannot listen: [Errno 98] Address already in use", exit 3, no flag named
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+    fill = {"p": p, "q": p - 1}
+    assert_refused(serve("--listen", listen.format(**fill), "--metrics-listen", metrics.format(**fill),
+                         "--workers", workers, cwd=tmp_path), USAGE, "--listen", "--metrics-listen")
