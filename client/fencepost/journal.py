@@ -2,8 +2,9 @@
 
 A record travels as a `TurnRecord` message and is journaled as one compact JSON
 object: the typed fields under their wire names, then every key of `extra`
-(verbatim, in sorted key order: a Struct is a map). The 16 KiB cap is measured on exactly that JSON, so the SDK's
-pre-check and the server's check agree byte for byte:
+(verbatim, in sorted key order: a Struct is a map). The 16 KiB cap is
+measured on exactly that JSON, so the SDK's pre-check and the server's check
+agree byte for byte:
 
     record_json(record_to_dict(pb))   # the journal line, as bytes
 
