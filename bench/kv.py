@@ -262,6 +262,21 @@ def _target_list() -> list[Target]:
     return out
 
 
+CORES = os.cpu_count() or 1
+
+
+def _workers_ceiling(one: Result) -> float:
+    """The most `--workers 2` can reach against this `--workers 1` figure
+    when the load generator runs on the same cores: each worker is bounded by
+    its core (2 / server CPU per call) and all of them together with the
+    client by every core (CORES / (server + client CPU per call)), at the
+    single worker's costs per call (two workers cost a little more each)."""
+    server, client = (one.cpu_us or 0.0) * 1e-6, (one.client_us or 0.0) * 1e-6
+    if not server or not one.rate:
+        return 0.0
+    return min(2 / server, CORES / (server + client)) / one.rate
+
+
 async def run(report: Reporter) -> None:
     """Rounds of back-to-back groups; each figure and each target's ratio is
     the median over the rounds of its per-round value."""
@@ -302,6 +317,10 @@ async def run(report: Reporter) -> None:
     report("control: a second floor server / the floor, put 64 in flight (1.00 but for noise)",
            value=round(_median(control), 3), rounds=" ".join(f"{v:.2f}" for v in control))
     report(f"--workers 2: {CHANNELS} connections over the workers", rounds=" ".join(splits))
+    for op in ("put", "get"):
+        ceilings = [_workers_ceiling(r[("sqlite 1 worker", op, 64)]) for r in runs]
+        report(f"ceiling of --workers 2 / --workers 1 sqlite {op} on {CORES} cores shared with this client",
+               value=round(_median(ceilings), 3), rounds=" ".join(f"{v:.2f}" for v in ceilings))
     await backend_calls_per_rpc(report)
 
 

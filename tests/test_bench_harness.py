@@ -79,3 +79,17 @@ def test_connections_are_counted_per_process() -> None:
             finally:
                 for s in accepted:
                     s.close()
+
+
+def test_the_workers_ceiling_is_whichever_binds_first_the_workers_cores_or_all_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import kv
+    from bench.harness import Result
+
+    one = Result(calls=5000, seconds=1.0, p50_ms=1.0, p99_ms=2.0, cpu_us=200.0, client_us=150.0)
+    monkeypatch.setattr(kv, "CORES", 2)
+    assert kv._workers_ceiling(one) == pytest.approx(2 / 350e-6 / 5000)  # the cores shared with the client
+    monkeypatch.setattr(kv, "CORES", 64)
+    assert kv._workers_ceiling(one) == pytest.approx(2 / 200e-6 / 5000)  # each worker's own core
+    assert kv._workers_ceiling(Result(calls=0, seconds=1.0, p50_ms=0, p99_ms=0)) == 0.0

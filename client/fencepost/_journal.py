@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from ._call import paged
+from .ids import new_request_id
 from .journal import MAX_RECORD_BYTES, check_record_size, record_from_dict
 from .v1 import journal_pb2, journal_pb2_grpc, store_api_pb2, store_api_pb2_grpc
 
@@ -59,7 +59,7 @@ class JournalMethods:
         pb = _record(record)
         check_record_size(pb, MAX_RECORD_BYTES)
         req = journal_pb2.AppendTurnRequest(
-            agent=agent, record=pb, request_id=request_id if request_id is not None else os.urandom(16).hex()
+            agent=agent, record=pb, request_id=request_id if request_id is not None else new_request_id()
         )
         return (await self._caller.call(self._journal.AppendTurn, req, safe=True, **opts)).record_id
 
@@ -115,7 +115,7 @@ class JournalMethods:
             pb = _record(payload["record"])
             check_record_size(pb, MAX_RECORD_BYTES)
             req.memory_append.CopyFrom(store_api_pb2.MemoryAppendPayload(agent=payload["agent"], record=pb))
-            req.request_id = request_id if request_id is not None else os.urandom(16).hex()
+            req.request_id = request_id if request_id is not None else new_request_id()
         elif call == "memory.read":
             req.memory_read.CopyFrom(store_api_pb2.MemoryReadPayload(agent=payload["agent"]))
         res = await self._caller.call(self._store_api.Call, req, safe=True, **opts)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ._call import paged
+from .ids import new_request_id
 from .v1 import kv_pb2, kv_pb2_grpc
 
 
@@ -53,7 +53,7 @@ def delete_op(key: str) -> kv_pb2.TxnOp:
 def _rid(request_id: str | None) -> str:
     """Conditional writes always carry a request id, so a retry after an
     ambiguous failure reports the first outcome instead of `applied = false`."""
-    return request_id if request_id is not None else os.urandom(16).hex()  # uuid4().hex: 10x the CPU
+    return request_id if request_id is not None else new_request_id()
 
 
 class KvMethods:

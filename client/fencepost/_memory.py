@@ -8,7 +8,6 @@ applies once.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from ._call import paged
+from .ids import new_request_id
 from .v1 import memory_pb2 as pb
 from .v1 import memory_pb2_grpc
 
@@ -28,7 +28,7 @@ STRATEGIES = {"recency": pb.MEMORY_STRATEGY_RECENCY, "relevance": pb.MEMORY_STRA
 
 
 def _rid(request_id: str | None) -> str:
-    return request_id if request_id is not None else os.urandom(16).hex()
+    return request_id if request_id is not None else new_request_id()
 
 
 def _timestamp(when: datetime) -> timestamp_pb2.Timestamp:

@@ -257,3 +257,48 @@ def test_fingerprints_and_outcomes_keep_the_format_stored_markers_were_written_i
         if note:
             expected["n"] = note
         assert _outcome_json(versions, failed, note) == json.dumps(expected).encode()
+
+
+async def test_a_uuid7_request_id_names_its_marker_and_any_other_id_its_hash(storage: Storage) -> None:
+    """The SDKs send UUIDv7 ids so that markers written together sit together
+    in key order; every other id is hashed. Both kinds replay and refuse reuse
+    alike, kept with an item or moved out to a row of their own."""
+    import hashlib
+
+    from fencepost.ids import new_request_id
+    from fencepost_server.domain.errors import InvalidArgument
+
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    ordered, upper = new_request_id(), new_request_id().upper()  # an uppercase UUID is another id: hashed
+    first = await kv.put_if_absent("t", "k", b"v1", request_id=ordered)
+    await kv.put("t", "k", b"v2", request_id=upper)  # moves the first marker out where it was kept
+    await kv.put("t", "k", b"v3")  # and this one (markers are listed as rows of their own)
+    names = {key.rsplit("/", 1)[1] for key in await storage.list_keys(MARKERS, None, 1000)}
+    assert ordered in names and hashlib.sha256(upper.encode()).hexdigest() in names
+    assert await kv.put_if_absent("t", "k", b"v1", request_id=ordered) == first
+    with pytest.raises(InvalidArgument) as refused:
+        await kv.delete("t", "k", request_id=ordered)
+    assert refused.value.reason == "REQUEST_ID_REUSED"
+    assert (await kv.get("t", "k")).value == b"v3"  # type: ignore[union-attr]
+
+
+def test_the_sdk_makes_uuid7_request_ids_in_time_order() -> None:
+    import time
+    import uuid
+
+    from fencepost._kv import _rid
+    from fencepost._memory import _rid as memory_rid
+    from fencepost.ids import UUID7, new_request_id
+
+    before = time.time_ns() // 1_000_000
+    ids = [new_request_id() for _ in range(1000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    for rid in ids:
+        assert UUID7.fullmatch(rid)
+        parsed = uuid.UUID(rid)
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122 and str(parsed) == rid
+        assert before <= parsed.int >> 80 <= after  # the leading 48 bits: Unix milliseconds
+    assert [rid[:13] for rid in ids] == sorted(rid[:13] for rid in ids)
+    assert UUID7.fullmatch(_rid(None)) and UUID7.fullmatch(memory_rid(None)) and _rid("mine") == "mine"
+    assert not UUID7.fullmatch(str(uuid.uuid4())) and not UUID7.fullmatch(uuid.uuid4().hex)

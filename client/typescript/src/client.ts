@@ -13,6 +13,7 @@ import { Lease, LedgerServiceClient, Session } from "./gen/fencepost/v1/ledger";
 import { MemoryServiceClient } from "./gen/fencepost/v1/memory";
 import { ScheduleServiceClient } from "./gen/fencepost/v1/schedule";
 import { StoreApiServiceClient } from "./gen/fencepost/v1/store_api";
+import { newRequestId } from "./ids";
 
 export interface ClientOptions extends CallOptions {
   /** Default: insecure (loopback development). */
@@ -99,7 +100,7 @@ export class FencepostClient {
 
   // -- KV ------------------------------------------------------------------
   async put(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<string> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? randomUUID() };
+    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
     return (await this.call(this.kv.put.bind(this.kv), req, { ...options, safe: true })).version;
   }
 
@@ -116,24 +117,24 @@ export class FencepostClient {
 
   /** Whether the key existed. */
   async delete(key: string, options: WriteOptions = {}): Promise<boolean> {
-    const req = { key, requestId: options.requestId ?? randomUUID() };
+    const req = { key, requestId: options.requestId ?? newRequestId() };
     return (await this.call(this.kv.delete.bind(this.kv), req, { ...options, safe: true })).existed;
   }
 
   async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? randomUUID() };
+    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
     const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: true });
     return { applied: res.applied, version: res.version };
   }
 
   async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? randomUUID() };
+    const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? newRequestId() };
     const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: true });
     return { applied: res.applied, version: res.version };
   }
 
   async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, expectedVersion, requestId: options.requestId ?? randomUUID() };
+    const req = { key, expectedVersion, requestId: options.requestId ?? newRequestId() };
     const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: true });
     return { applied: res.applied, version: res.version };
   }
@@ -167,7 +168,7 @@ export class FencepostClient {
       compares: init.compares ?? [],
       successOps: init.successOps ?? [],
       failureOps: init.failureOps ?? [],
-      requestId: options.requestId ?? randomUUID(),
+      requestId: options.requestId ?? newRequestId(),
     };
     return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: true });
   }

@@ -3,6 +3,7 @@
 export * from "./call";
 export * from "./client";
 export * from "./errors";
+export * from "./ids";
 export * from "./keys";
 export * from "./session";
 export * as kv from "./gen/fencepost/v1/kv";

@@ -7,7 +7,12 @@ a retry reports the first outcome exactly. Markers
 live in hourly buckets (`#/req/{hour}/{tenant}/{id hash}`); a request is
 checked against the current and the previous bucket, so the dedupe window is
 at least one hour, and buckets older than that are swept by listing a prefix
-(no backend TTL support needed).
+(no backend TTL support needed). A request id shaped as a lowercase UUIDv7
+(what the SDKs send) names its marker itself instead of its hash: its leading
+48 bits are a time, so the markers written together sit together in key
+order (a hash puts each on a random page of the store's index). Either way
+the key is a pure function of the id, so every attempt of a request finds
+the same marker.
 
 Where the backend can (`Storage.keeps_markers_with_items`: the embedded
 backends), the marker of a single-key write is kept with the item it wrote
@@ -25,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from fencepost import reasons
+from fencepost.ids import UUID7
 
 from ..storage import MAX_TXN_OPS, Check, Delete, Marker, Put, Storage, TxnResult, Write, random_hex
 from .errors import InvalidArgument
@@ -68,9 +74,9 @@ class RequestLog:
 
     def _markers(self, bucket: int, tenant: str, request_id: str) -> tuple[str, str]:
         """The request's marker keys in window `bucket` and the one before."""
-        digest = hashlib.sha256(request_id.encode()).hexdigest()
+        name = request_id if UUID7.fullmatch(request_id) else hashlib.sha256(request_id.encode()).hexdigest()
         segment = tenant_keys(tenant).root  # the encoded tenant + "/", built once per tenant
-        return f"{_PREFIX}{bucket:010d}/{segment}{digest}", f"{_PREFIX}{bucket - 1:010d}/{segment}{digest}"
+        return f"{_PREFIX}{bucket:010d}/{segment}{name}", f"{_PREFIX}{bucket - 1:010d}/{segment}{name}"
 
     async def transact(
         self,
