@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto";
 import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
 
 import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
 import { JournalServiceClient } from "./gen/fencepost/v1/journal";
 import { Compare, KeyValue, KvServiceClient, TxnOp, TxnResponse } from "./gen/fencepost/v1/kv";
@@ -67,6 +68,7 @@ export class FencepostClient {
   readonly storeApi: StoreApiServiceClient;
   readonly schedule: ScheduleServiceClient;
   readonly evals: EvalServiceClient;
+  readonly admin: AdminServiceClient;
   private readonly defaults: CallOptions;
 
   /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, and the token to
@@ -85,6 +87,7 @@ export class FencepostClient {
     this.storeApi = new StoreApiServiceClient(target, creds, shared);
     this.schedule = new ScheduleServiceClient(target, creds, shared);
     this.evals = new EvalServiceClient(target, creds, shared);
+    this.admin = new AdminServiceClient(target, creds, shared);
     this.defaults = { timeoutMs: options.timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
   }
 

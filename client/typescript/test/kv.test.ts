@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
-import { FencepostClient, kv } from "../src";
+import { FencepostClient, FencepostError, kv } from "../src";
 import { newClient, target, unique } from "./support";
 
 const fp = newClient();
@@ -98,4 +98,11 @@ test("without a target the client connects to FENCEPOST_ENDPOINT, as the Python 
     if (saved === undefined) delete process.env.FENCEPOST_ENDPOINT;
     else process.env.FENCEPOST_ENDPOINT = saved;
   }
+});
+
+test("every service of the proto has its client on FencepostClient", async () => {
+  // AdminService (erasures) had none: the README promised every service's client
+  const op = await fp.call(fp.admin.getOperation.bind(fp.admin), { name: "operations/erase-none" }, { safe: true })
+    .catch((err: unknown) => err);
+  assert.ok(op instanceof FencepostError && op.reasonString === "OPERATION_NOT_FOUND", String(op));
 });
