@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -223,3 +224,22 @@ def test_a_sync_client_refused_at_construction_leaves_no_thread_behind() -> None
         with pytest.raises(ValueError):
             fencepost.Client("127.0.0.1:1", token="tok\n")
     assert loops() == before
+
+
+async def test_a_reader_closing_the_pipe_early_gets_no_error_line(srv: RunningServer) -> None:
+    # `fencepost kv ls --json | head -1` printed "fencepost: [Errno 32] Broken pipe"
+    async with srv.client() as fp:
+        await asyncio.gather(*(fp.put(f"pipe/{i:04d}", os.urandom(2048)) for i in range(200)))
+
+    def head_1() -> tuple[bytes, str, int]:  # as `| head -1`: read a line, then close the pipe
+        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "kv", "ls", "pipe/", "--json"],
+                                env=client_env(srv.target), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        return first, err, proc.wait(60)
+
+    first, err, rc = await asyncio.to_thread(head_1)
+    assert json.loads(first)["key"] == "pipe/0000"
+    assert err == "" and rc == Exit.ERROR

@@ -326,9 +326,23 @@ async def run(args: argparse.Namespace, *, stdout: IO[str] | None = None, stderr
     except errors.FencepostError as exc:
         _error(out, exc.code, exc.reason, exc.message, exc.metadata)
         return exit_code_for(exc)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say to anyone
+        _silence_stdout()
+        return Exit.ERROR
     except OSError as exc:
         out.note(f"fencepost: {exc}")
         return Exit.ERROR
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of the
+    closed pipe does not print an error of its own at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _error(out: Out, code: str, reason: str, message: str, metadata: Mapping[str, str]) -> None:
