@@ -204,10 +204,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("hash-token", help="hash a bearer token for the tokens file")
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--role", choices=("service", "operator"), default="service")
-    p.add_argument("--name", default="token")
+    p = sub.add_parser("hash-token", help="hash a bearer token for the tokens file",
+                       description="print the tokens-file line for a token read from stdin (or --generate one)")
+    p.add_argument("--tenant", required=True, help="the tenant the token's calls act in")
+    p.add_argument("--role", choices=("service", "operator"), default="service",
+                   help="what the token may call (README: Security; default %(default)s)")
+    p.add_argument("--name", default="token", help="a label for logs and errors, never the secret (default %(default)s)")
     p.add_argument("--generate", action="store_true", help="generate a new random token (printed once)")
     p.set_defaults(func=_cmd_hash_token)
 
