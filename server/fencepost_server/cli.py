@@ -209,7 +209,8 @@ def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", required=True, help="the tenant the token's calls act in")
     p.add_argument("--role", choices=("service", "operator"), default="service",
                    help="what the token may call (README: Security; default %(default)s)")
-    p.add_argument("--name", default="token", help="a label for logs and errors, never the secret (default %(default)s)")
+    p.add_argument("--name", default="token",
+                   help="a label for logs and errors, never the secret (default %(default)s)")
     p.add_argument("--generate", action="store_true", help="generate a new random token (printed once)")
     p.set_defaults(func=_cmd_hash_token)
 

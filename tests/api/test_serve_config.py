@@ -208,8 +208,9 @@ def tls_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         files[f"{name}.crt"] = root / f"{name}.crt"
         files[f"{name}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         files[f"{name}.key"] = root / f"{name}.key"
-        files[f"{name}.key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                           serialization.NoEncryption()))
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        files[f"{name}.key"].write_bytes(pem)
     files["garbage"] = root / "garbage.pem"
     files["garbage"].write_text("not a certificate\n")
     return files
