@@ -59,9 +59,30 @@ class Tls:
             cert = self.cert.read_bytes() if self.cert else None
         except OSError as exc:
             raise ConnectionConfigError(f"cannot read a TLS file: {exc}") from exc
+        self._check_pem()
         creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
         options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
         return creds, options
+
+    def _check_pem(self) -> None:
+        """Refuse files gRPC cannot use now, by name: it would only fail at the
+        handshake, as core log lines and UNAVAILABLE, as if the server were down."""
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.ca:
+            try:
+                context.load_verify_locations(cafile=str(self.ca))
+            except ssl.SSLError as exc:
+                raise ConnectionConfigError(
+                    f"the TLS CA file {self.ca} (--tls-ca, {ENV_TLS_CA}) holds no PEM certificate") from exc
+        if self.cert and self.key:
+            try:  # password b"": an encrypted key fails here instead of prompting (gRPC cannot use one)
+                context.load_cert_chain(str(self.cert), str(self.key), password=b"")
+            except ssl.SSLError as exc:
+                raise ConnectionConfigError(
+                    f"the TLS client certificate {self.cert} and key {self.key} (--tls-cert/--tls-key, "
+                    f"{ENV_TLS_CERT}/{ENV_TLS_KEY}) are not a PEM certificate and its unencrypted key") from exc
 
 
 def _path(value: str | Path | None) -> Path | None:

@@ -243,3 +243,22 @@ async def test_a_reader_closing_the_pipe_early_gets_no_error_line(srv: RunningSe
     first, err, rc = await asyncio.to_thread(head_1)
     assert json.loads(first)["key"] == "pipe/0000"
     assert err == "" and rc == Exit.ERROR
+
+
+@pytest.mark.parametrize("flags", [
+    pytest.param(("--tls-ca", "{garbage}"), id="ca-not-pem"),
+    pytest.param(("--tls-cert", "{garbage}", "--tls-key", "{garbage}"), id="client-pair-not-pem"),
+])
+async def test_client_tls_files_that_do_not_parse_are_a_usage_error(
+    srv: RunningServer, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    # gRPC found these only at the handshake: core log lines, then UNAVAILABLE
+    # (exit 8), as if the server were down
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    argv = [f.format(garbage=garbage) for f in flags]
+    rc, out, err = await run("kv", "get", "k", *argv, "--timeout", "5", env=client_env(srv.target))
+    assert rc == Exit.USAGE and out == b"", err
+    assert len(err.splitlines()) == 1 and "PEM" in err and str(garbage) in err, err
+    with pytest.raises(ValueError, match="PEM"):
+        fencepost.AsyncClient(srv.target, env={"FENCEPOST_TLS_CA": str(garbage)})
