@@ -33,7 +33,8 @@ ENV_TLS_SERVER_NAME = "FENCEPOST_TLS_SERVER_NAME"
 
 
 class ConnectionConfigError(ValueError):
-    """The TLS settings cannot be used (a file is missing, a half pair)."""
+    """The connection settings cannot be used (a TLS file is missing, a half
+    pair, a token no header can carry)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,30 @@ class Tls:
             cert = self.cert.read_bytes() if self.cert else None
         except OSError as exc:
             raise ConnectionConfigError(f"cannot read a TLS file: {exc}") from exc
+        self._check_pem()
         creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
         options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
         return creds, options
+
+    def _check_pem(self) -> None:
+        """Refuse files gRPC cannot use now, by name: it would only fail at the
+        handshake, as core log lines and UNAVAILABLE, as if the server were down."""
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.ca:
+            try:
+                context.load_verify_locations(cafile=str(self.ca))
+            except ssl.SSLError as exc:
+                raise ConnectionConfigError(
+                    f"the TLS CA file {self.ca} (--tls-ca, {ENV_TLS_CA}) holds no PEM certificate") from exc
+        if self.cert and self.key:
+            try:  # password b"": an encrypted key fails here instead of prompting (gRPC cannot use one)
+                context.load_cert_chain(str(self.cert), str(self.key), password=b"")
+            except ssl.SSLError as exc:
+                raise ConnectionConfigError(
+                    f"the TLS client certificate {self.cert} and key {self.key} (--tls-cert/--tls-key, "
+                    f"{ENV_TLS_CERT}/{ENV_TLS_KEY}) are not a PEM certificate and its unencrypted key") from exc
 
 
 def _path(value: str | Path | None) -> Path | None:
@@ -76,8 +98,21 @@ def resolve_token(token: str | None, env: Mapping[str, str] | None = None) -> st
     """An explicit token wins, even "" (no token although the variable is set)."""
     env = os.environ if env is None else env
     if token is not None:
-        return token or None
-    return env.get(ENV_TOKEN) or None
+        return check_token(token) or None
+    return check_token(env.get(ENV_TOKEN) or "") or None
+
+
+def check_token(token: str) -> str:
+    """The token itself, when a gRPC header can carry it (printable ASCII).
+    Anything else fails here, by name, instead of inside gRPC's call batch
+    with an opaque error; the usual cause is a line end kept from a file
+    (`FENCEPOST_TOKEN=$(cat token.txt)` of a file saved with CRLF)."""
+    for at, char in enumerate(token):
+        if not " " <= char <= "~":
+            raise ConnectionConfigError(
+                f"the bearer token ({ENV_TOKEN} or --token) has {char!r} at position {at}: a token is "
+                "printable ASCII only (a line end copied from a file?)")
+    return token
 
 
 def resolve_tls(

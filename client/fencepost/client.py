@@ -136,7 +136,11 @@ class Client:
         async def make() -> AsyncClient:
             return AsyncClient(target, **kwargs)
 
-        self._async = self._runner.run(make())
+        try:
+            self._async = self._runner.run(make())
+        except BaseException:  # a refused configuration must not leave the loop's thread behind
+            self._runner.stop()
+            raise
 
     def close(self) -> None:
         if self._runner is not None:

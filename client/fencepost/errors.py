@@ -51,6 +51,12 @@ class NotFound(FencepostError):
     code = "NOT_FOUND"
 
 
+class AlreadyExists(FencepostError):
+    """What the call would create exists already (as something else): use or resolve it."""
+
+    code = "ALREADY_EXISTS"
+
+
 class FailedPrecondition(FencepostError):
     """The system is not in the state the call needs: do not retry until it changes."""
 
@@ -183,7 +189,7 @@ BY_REASON: dict[str, type[FencepostError]] = {
 BY_CODE: dict[str, type[FencepostError]] = {
     cls.code: cls
     for cls in (
-        InvalidArgument, NotFound, FailedPrecondition, Aborted, Unavailable, DeadlineExceeded,
+        InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unavailable, DeadlineExceeded,
         Unauthenticated, PermissionDenied, ResourceExhausted, Internal,
     )
 }
@@ -196,6 +202,11 @@ def error_for(
     metadata: Mapping[str, str] | None = None,
     field_violations: Mapping[str, str] | None = None,
 ) -> FencepostError:
-    """The typed exception for a status code + ErrorInfo reason."""
-    cls = BY_REASON.get(reason) or BY_CODE.get(code, FencepostError)
+    """The typed exception for a status code + ErrorInfo reason: the reason's
+    class, unless the reason came under another status code (Fork's
+    ALREADY_EXISTS / FIELD_INVALID), whose class it then is, so that
+    `except InvalidArgument` never catches a status that is not one."""
+    cls = BY_REASON.get(reason)
+    if cls is None or cls.code != code:
+        cls = BY_CODE.get(code, FencepostError)
     return cls(message, code=code, reason=reason, metadata=metadata, field_violations=field_violations)

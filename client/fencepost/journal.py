@@ -2,8 +2,9 @@
 
 A record travels as a `TurnRecord` message and is journaled as one compact JSON
 object: the typed fields under their wire names, then every key of `extra`
-(verbatim). The 16 KiB cap is measured on exactly that JSON, so the SDK's
-pre-check and the server's check agree byte for byte:
+(verbatim, in sorted key order: a Struct is a map). The 16 KiB cap is
+measured on exactly that JSON, so the SDK's pre-check and the server's check
+agree byte for byte:
 
     record_json(record_to_dict(pb))   # the journal line, as bytes
 
@@ -91,7 +92,10 @@ def _plain(value: Any) -> Any:
 
 
 def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
-    return {k: _plain(_value(v)) for k, v in s.fields.items()}
+    """Keys in sorted order: a Struct's map has no order of its own (a client's
+    in-memory Struct and the server's parsed copy iterate differently), and
+    the client's mirror and the server's journal must write the same bytes."""
+    return {k: _plain(_value(s.fields[k])) for k in sorted(s.fields)}
 
 
 def _value(v: struct_pb2.Value) -> Any:

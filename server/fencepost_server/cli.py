@@ -168,10 +168,23 @@ def _preflight(args: argparse.Namespace) -> Settings:
     refused = workers.refusal(settings, args.workers)
     if refused:
         raise ConfigError(refused)
+    if settings.metrics_listen and _overlap(settings.listen, settings.metrics_listen, args.workers):
+        raise ConfigError(f"arguments --listen {settings.listen} and --metrics-listen {settings.metrics_listen}: "
+                          "gRPC and /metrics need ports of their own (metrics: port + worker index)")
     check_listen(settings.listen, "--listen")
     if settings.metrics_listen:
         check_listen(settings.metrics_listen, "--metrics-listen")
     return settings
+
+
+def _overlap(listen: str, metrics: str, workers: int) -> bool:
+    """Whether /metrics (port .. port + workers - 1) would take the gRPC port
+    on the same address (a wildcard address overlaps every other)."""
+    host, _, port = listen.rpartition(":")
+    m_host, _, m_port = metrics.rpartition(":")
+    wildcard = ("0.0.0.0", "[::]")
+    same_host = host == m_host or host in wildcard or m_host in wildcard
+    return same_host and int(port) != 0 and int(m_port) != 0 and 0 <= int(port) - int(m_port) < workers
 
 
 def _tracing_from_env() -> str | None:
@@ -192,10 +205,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _hash_token_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("hash-token", help="hash a bearer token for the tokens file")
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--role", choices=("service", "operator"), default="service")
-    p.add_argument("--name", default="token")
+    p = sub.add_parser("hash-token", help="hash a bearer token for the tokens file",
+                       description="print the tokens-file line for a token read from stdin (or --generate one)")
+    p.add_argument("--tenant", required=True, help="the tenant the token's calls act in")
+    p.add_argument("--role", choices=("service", "operator"), default="service",
+                   help="what the token may call (README: Security; default %(default)s)")
+    p.add_argument("--name", default="token",
+                   help="a label for logs and errors, never the secret (default %(default)s)")
     p.add_argument("--generate", action="store_true", help="generate a new random token (printed once)")
     p.set_defaults(func=_cmd_hash_token)
 

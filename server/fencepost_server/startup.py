@@ -49,6 +49,7 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         # tenant with the operator role: the map says the operator meant otherwise
         raise ConfigError("argument --spiffe-map needs a source of SPIFFE ids: --tls-client-ca (mTLS) "
                           "or --trust-xfcc (the sidecar's x-forwarded-client-cert)")
+    check_tls_files(settings)
     if settings.tokens_file or settings.spiffe_map:
         from .security import IdentityMap
 
@@ -68,6 +69,29 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         raise ConfigError(
             f"refusing to listen on {settings.listen} without authentication; "
             "configure authentication (--tokens-file, --tls-client-ca, --trust-xfcc) or pass --insecure")
+
+
+def check_tls_files(settings: Settings) -> None:
+    """The PEM files parse and the key is the certificate's. gRPC would only
+    find out when binding, as core log lines and "Failed to bind to
+    address", which names the port instead of the file."""
+    if not settings.tls_configured():
+        return
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # password b"": an encrypted key fails here instead of prompting (gRPC cannot use one)
+        context.load_cert_chain(settings.tls_cert, settings.tls_key, password=b"")  # type: ignore[arg-type]
+    except ssl.SSLError as exc:
+        why = ("the key is not the certificate's" if exc.reason == "KEY_VALUES_MISMATCH"
+               else "expected a PEM certificate (chain) and its unencrypted PEM private key")
+        raise ConfigError(f"arguments --tls-cert {settings.tls_cert} / --tls-key {settings.tls_key}: {why}") from exc
+    if settings.tls_client_ca:
+        try:
+            context.load_verify_locations(cafile=str(settings.tls_client_ca))
+        except ssl.SSLError as exc:
+            raise ConfigError(f"argument --tls-client-ca: {settings.tls_client_ca} holds no PEM certificate") from exc
 
 
 def check_listen(listen: str, flag: str) -> None:

@@ -159,3 +159,35 @@ async def test_rotates_the_local_file_at_the_size_cap(fp: fencepost.AsyncClient,
     chunks = [p.read_bytes().splitlines() for p in rotated] + [mirror.lines("agent-g")]
     assert [len(c) for c in chunks] == [3, 3, 1]
     assert [json.loads(x)["title"] for c in chunks for x in c] == [f"turn {n}" for n in range(7)]
+
+
+async def test_a_mirrored_line_is_the_server_line_byte_for_byte(fp: fencepost.AsyncClient, tmp_path: Path) -> None:
+    # `extra` and `usage` are Structs, whose maps have no order: the mirror
+    # wrote the client's iteration order, the journal the server's
+    mirror = fencepost.JournalMirror(fp, tmp_path / "memory")
+    extras = [
+        {"extra": {"b": 1, "a": 2}},
+        {"extra": {"z": [1e20, 0.5], "a": None, "m": {"y": True, "b": "x"}}},
+        {"zeta": 1, "alpha": [2.5, {"y": True, "b": None}], "mu": "m", "beta": {"k2": 2, "k1": 1}},
+        {"usage": {"output": 7, "input": 3, "cached": 1}},
+    ]
+    for n, extra in enumerate(extras):
+        await mirror.append("agent-o", rec(n, **extra))
+    server = await fp.read_journal("agent-o")
+    assert server is not None and mirror.path("agent-o").read_bytes() == server.data
+
+
+def test_a_struct_becomes_json_in_one_key_order_in_every_process() -> None:
+    # a Struct's map iterates in an order of its own, which differs from process
+    # to process: a mirror and the journal it mirrors wrote `extra` differently
+    import string
+
+    from google.protobuf import struct_pb2
+
+    from fencepost.journal import struct_to_dict
+
+    letters = string.ascii_lowercase
+    s = struct_pb2.Struct()
+    s.update({c: {c2: 1 for c2 in reversed(letters)} for c in reversed(letters)})
+    out = struct_to_dict(s)
+    assert list(out) == sorted(letters) and all(list(inner) == sorted(letters) for inner in out.values())

@@ -190,6 +190,19 @@ async def test_fork_and_list_sessions_over_the_wire(client: fencepost.AsyncClien
         await client.resolve_session("agent", "missing")
 
 
+async def test_fork_onto_a_key_of_another_session_is_already_exists(client: fencepost.AsyncClient) -> None:
+    parent = (await client.open_session("agent", "p")).session_id
+    taken = (await client.open_session("agent", "taken")).session_id
+    assert (await client.fork(parent, 0, "c")).session_id == (await client.fork(parent, 0, "c")).session_id
+    with pytest.raises(errors.AlreadyExists) as refused:
+        await client.fork(parent, 0, "taken")
+    # the reason's own class (FieldInvalid) is an InvalidArgument: it used to be
+    # raised for this ALREADY_EXISTS status, and `except InvalidArgument` caught it
+    assert not isinstance(refused.value, errors.InvalidArgument)
+    assert (refused.value.code, refused.value.reason) == ("ALREADY_EXISTS", "FIELD_INVALID")
+    assert refused.value.metadata["session_id"] == taken
+
+
 async def test_orphan_recovered_by_claim(storage: Storage) -> None:
     async with running(
         storage, ledger_janitor_seconds=0.05, ledger_orphan_grace_seconds=0.1

@@ -10,7 +10,9 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -182,3 +184,81 @@ async def test_readme_holder_loop_runs_with_only_the_endpoint_in_the_environment
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
             await proc.wait()
+
+
+@pytest.mark.parametrize("token", ["tok\r", "tok\n", "tök"], ids=["cr", "newline", "non-ascii"])
+async def test_a_token_no_header_can_carry_is_a_usage_error(srv: RunningServer, token: str) -> None:
+    # a line end kept from a token file used to escape from inside gRPC's call
+    # batch: a traceback from `fencepostctl`, "unexpected ExecuteBatchError" elsewhere
+    rc, out, err = await run("kv", "get", "k", env={**client_env(srv.target), "FENCEPOST_TOKEN": token})
+    assert rc == Exit.USAGE and out == b"", err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("fencepost: ") and "FENCEPOST_TOKEN" in err and "printable ASCII" in err
+    with pytest.raises(ValueError, match="printable ASCII"):
+        fencepost.AsyncClient(srv.target, token=token)
+
+
+async def test_readme_memory_search_finds_what_the_readme_appended(srv: RunningServer) -> None:
+    # the README searched "deploy" for "deploys happen on tuesdays": whole-word
+    # matching found nothing, so the example showed an empty table
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## Operate it"):]
+    lines = {argv[2]: argv[2:] for argv in (
+        shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("fencepost memory "))}
+    rc, out, err = await cli(srv, "memory", *lines["append"])
+    assert rc == 0, err
+    entry_id = out.strip()
+    rc, out, err = await cli(srv, "memory", *lines["search"], "--json")
+    assert rc == 0, err
+    assert [e["id"] for e in json.loads(out)["entries"]] == [entry_id]
+
+
+def test_a_sync_client_refused_at_construction_leaves_no_thread_behind() -> None:
+    import threading
+
+    def loops() -> int:
+        return sum(t.name == "fencepost-client" for t in threading.enumerate())
+
+    before = loops()
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            fencepost.Client("127.0.0.1:1", token="tok\n")
+    assert loops() == before
+
+
+async def test_a_reader_closing_the_pipe_early_gets_no_error_line(srv: RunningServer) -> None:
+    # `fencepost kv ls --json | head -1` printed "fencepost: [Errno 32] Broken pipe"
+    async with srv.client() as fp:
+        await asyncio.gather(*(fp.put(f"pipe/{i:04d}", os.urandom(2048)) for i in range(200)))
+
+    def head_1() -> tuple[bytes, str, int]:  # as `| head -1`: read a line, then close the pipe
+        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "kv", "ls", "pipe/", "--json"],
+                                env=client_env(srv.target), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        return first, err, proc.wait(60)
+
+    first, err, rc = await asyncio.to_thread(head_1)
+    assert json.loads(first)["key"] == "pipe/0000"
+    assert err == "" and rc == Exit.ERROR
+
+
+@pytest.mark.parametrize("flags", [
+    pytest.param(("--tls-ca", "{garbage}"), id="ca-not-pem"),
+    pytest.param(("--tls-cert", "{garbage}", "--tls-key", "{garbage}"), id="client-pair-not-pem"),
+])
+async def test_client_tls_files_that_do_not_parse_are_a_usage_error(
+    srv: RunningServer, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    # gRPC found these only at the handshake: core log lines, then UNAVAILABLE
+    # (exit 8), as if the server were down
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    argv = [f.format(garbage=garbage) for f in flags]
+    rc, out, err = await run("kv", "get", "k", *argv, "--timeout", "5", env=client_env(srv.target))
+    assert rc == Exit.USAGE and out == b"", err
+    assert len(err.splitlines()) == 1 and "PEM" in err and str(garbage) in err, err
+    with pytest.raises(ValueError, match="PEM"):
+        fencepost.AsyncClient(srv.target, env={"FENCEPOST_TLS_CA": str(garbage)})

@@ -208,3 +208,72 @@ def test_spiffe_map_names_one_id_twice(tmp_path: Path) -> None:
                       '{"id": "spiffe://corp/x", "tenant": "a", "role": "operator"}]}')
     assert_refused(serve("--spiffe-map", str(spiffe), "--trust-xfcc", "--listen", "127.0.0.1:0", cwd=tmp_path),
                    USAGE, "--spiffe-map", "mapped twice")
+
+
+@pytest.fixture(scope="module")
+def tls_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two self-signed certificates with their keys, and a file that is no PEM at all."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    root = tmp_path_factory.mktemp("tls")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    files = {}
+    for name in ("a", "b"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, name)])
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                .sign(key, hashes.SHA256()))
+        files[f"{name}.crt"] = root / f"{name}.crt"
+        files[f"{name}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[f"{name}.key"] = root / f"{name}.key"
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        files[f"{name}.key"].write_bytes(pem)
+    files["garbage"] = root / "garbage.pem"
+    files["garbage"].write_text("not a certificate\n")
+    return files
+
+
+@pytest.mark.parametrize(("cert", "key", "ca", "expected"), [
+    pytest.param("garbage", "a.key", None, "--tls-cert", id="cert-not-pem"),
+    pytest.param("a.crt", "garbage", None, "--tls-key", id="key-not-pem"),
+    pytest.param("a.crt", "b.key", None, "not the certificate's", id="key-of-another-certificate"),
+    pytest.param("a.crt", "a.key", "garbage", "--tls-client-ca", id="client-ca-not-pem"),
+])
+def test_tls_files_that_do_not_parse(tmp_path: Path, tls_pairs: dict[str, Path], cert: str, key: str,
+                                     ca: str | None, expected: str) -> None:
+    # gRPC found these only at bind time: core log lines, then "Failed to bind
+    # to address 127.0.0.1:0" and exit 3, naming the port instead of the file
+    argv = ["--listen", "127.0.0.1:0", "--tls-cert", str(tls_pairs[cert]), "--tls-key", str(tls_pairs[key])]
+    if ca:
+        argv += ["--tls-client-ca", str(tls_pairs[ca])]
+    assert_refused(serve(*argv, cwd=tmp_path), USAGE, expected)
+
+
+def test_tls_files_that_parse_pass_the_check(tls_pairs: dict[str, Path]) -> None:
+    from fencepost_server.config import Settings
+    from fencepost_server.startup import check_config
+
+    check_config(Settings(listen="127.0.0.1:0", tls_cert=tls_pairs["a.crt"], tls_key=tls_pairs["a.key"],
+                          tls_client_ca=tls_pairs["b.crt"]))
+
+
+@pytest.mark.parametrize(("listen", "metrics", "workers"), [
+    pytest.param("127.0.0.1:{p}", "127.0.0.1:{p}", "1", id="same-address"),
+    pytest.param("127.0.0.1:{p}", "0.0.0.0:{p}", "1", id="wildcard-metrics"),
+    pytest.param("127.0.0.1:{p}", "127.0.0.1:{q}", "2", id="second-worker-metrics"),
+])
+def test_metrics_on_the_grpc_port(tmp_path: Path, listen: str, metrics: str, workers: str) -> None:
+    # both ports were free when checked one by one, so the second bind failed
+    # later: "cannot listen: [Errno 98] Address already in use", exit 3, no flag named
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+    fill = {"p": p, "q": p - 1}
+    assert_refused(serve("--listen", listen.format(**fill), "--metrics-listen", metrics.format(**fill),
+                         "--workers", workers, cwd=tmp_path), USAGE, "--listen", "--metrics-listen")

@@ -268,3 +268,24 @@ async def test_deleting_a_session_removes_every_listing_entry(storage: Storage) 
     assert [s.session_id for s in rest] == [doomed, kept]  # listed before the delete
     fresh, _ = await ledger.list_sessions(T, A)
     assert [s.session_id for s in fresh] == [kept]
+
+
+async def test_a_token_older_than_the_listing_horizon_is_refused(storage: Storage) -> None:
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock, config=LedgerConfig(listing_horizon=30.0))
+    sids = await _populate(ledger, clock, 6)
+    clock.now += 1
+    page, token = await ledger.list_sessions(T, A, size=2)
+    assert [s.session_id for s in page] == sids[:-3:-1] and token
+    # A session not listed yet commits twice, the second time past the horizon:
+    # that commit deletes the entry the snapshot would have listed it at.
+    clock.now += 1
+    await _commit(ledger, sids[0])
+    clock.now += 60
+    await _commit(ledger, sids[0])
+    # Resuming used to list the rest without sids[0], silently: now it says to restart.
+    with pytest.raises(DomainError) as refused:
+        await ledger.list_sessions(T, A, size=2, token=token)
+    assert refused.value.reason == reasons.PAGE_TOKEN_INVALID and refused.value.field == "page_token"
+    fresh = [sid for page in await _all(ledger, 2) for sid in page]
+    assert sorted(fresh) == sorted(sids) and fresh[0] == sids[0]

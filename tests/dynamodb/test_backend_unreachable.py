@@ -6,12 +6,14 @@ not one per probe."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -19,8 +21,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencepost_server.app import App
 from fencepost_server.config import Settings
+from fencepost_server.domain.erasure import Eraser
+from fencepost_server.domain.journal import Journal
+from fencepost_server.domain.ledger import Ledger
+from fencepost_server.domain.limits import Limits
+from fencepost_server.domain.retention import Retention, RetentionConfig
 from fencepost_server.domain.throttled_log import ThrottledWarning
+from fencepost_server.storage import BackendUnavailable
 from fencepost_server.storage.dynamodb import DynamoStorage
+from fencepost_server.storage.memory import MemoryStorage
 from tests.api.test_serve_process import free_port
 from tests.dynamo_support import FAKE_CREDENTIALS, REGION, backend_url, moto_endpoint, unique_table
 
@@ -109,3 +118,44 @@ def test_an_outage_is_reported_once_per_interval(caplog: pytest.LogCaptureFixtur
         "janitor pass failed: table missing (11 more since the last report)",
         "janitor pass works again",
     ]
+
+
+class _Down(MemoryStorage):
+    """A backend whose every listing fails, as one down for a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists = 0
+
+    async def list(self, *args: Any, **kwargs: Any) -> Any:
+        self.lists += 1
+        raise BackendUnavailable("backend down")
+
+    async def list_keys(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.list()
+
+
+@pytest.mark.parametrize("loop", ["erasure", "retention"])
+async def test_background_passes_report_an_outage_once_per_interval(
+    loop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the erasure and retention loops logged every failed pass: a line every 5 s
+    # from the erasure loop of every replica while the backend was down
+    storage = _Down()
+    ledger = Ledger(storage)
+    if loop == "erasure":
+        runner = Eraser(storage, ledger, poll_seconds=0).run()
+    else:
+        config = RetentionConfig(idle_session_seconds=3600.0, interval=0.0)
+        runner = Retention(storage, ledger, Journal(storage, Limits()), config).run()
+    with caplog.at_level(logging.WARNING, logger=f"fencepost.{loop}"):
+        task = asyncio.ensure_future(runner)
+        try:
+            while storage.lists < 20:  # twenty failed passes
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    failures = [r.getMessage() for r in caplog.records if r.name == f"fencepost.{loop}"]
+    assert failures == [f"{loop} pass failed: backend down"]

@@ -46,9 +46,12 @@ def test_typescript_client_suite(backend: str, tmp_path: Path) -> None:
         for name in ("kv", "errors", "session", "vectors", "retry"):
             assert PACKAGE / "test" / f"{name}.test.ts" in TEST_FILES
 
+        # the example finds the server as the Python SDK and the CLI do (it
+        # read a variable of its own, FENCEPOST_TARGET, here a dead port)
+        example_env = {**os.environ, "FENCEPOST_ENDPOINT": target, "FENCEPOST_TARGET": "127.0.0.1:1"}
         example = subprocess.run(
             [tool("node"), "dist/example/quickstart.js"],
-            cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=120,
+            cwd=PACKAGE, env=example_env, capture_output=True, text=True, timeout=120,
         )
         assert example.returncode == 0, example.stdout + example.stderr
         assert "compare-and-set applied=true" in example.stdout and "empty key refused: KEY_INVALID" in example.stdout

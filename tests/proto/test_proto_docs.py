@@ -6,6 +6,7 @@ what `make docs` renders."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -80,6 +81,25 @@ def test_an_rpc_comment_names_only_reasons_the_rpc_declares(fds: descriptor_pb2.
                 f"{service.name}.{rpc.name}'s comment names {extra}; declare each with "
                 f"`option (fencepost.v1.reasons) = ERROR_REASON_<reason>;` or drop it from the comment"
             )
+
+
+def test_every_reason_an_rpc_declares_is_explained_in_a_comment(fds: descriptor_pb2.FileDescriptorSet) -> None:
+    """The other direction: a reason an RPC declares of its own is named in
+    its comment, in the comment of an RPC it refers to ("Errors: as List"), or
+    in its service's comment. (PutIfAbsent and PutIfVersion declared
+    REQUEST_ID_REUSED that no comment explained.)"""
+    def words(text: str) -> set[str]:  # reasons named like status codes (PERMISSION_DENIED) count too
+        return set(re.findall(r"[A-Z][A-Z0-9_]+", text))
+
+    for service in _services(fds):
+        by_name = {rpc.name: rpc for rpc in service.children}
+        for rpc in service.children:
+            named = words(rpc.comment) | words(service.comment)
+            for other in re.findall(r"\bas (\w+)", rpc.comment):
+                if other in by_name:
+                    named |= words(by_name[other].comment)
+            unexplained = [r for r in rpc.reasons if r not in named]
+            assert not unexplained, f"{service.name}.{rpc.name} declares {unexplained}; say when in its comment"
 
 
 def test_the_renderer_and_the_runtime_read_the_same_declarations(fds: descriptor_pb2.FileDescriptorSet) -> None:

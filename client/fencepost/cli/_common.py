@@ -284,12 +284,13 @@ def connect(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
                       env=env)
     credentials = None
     options: list[tuple[str, Any]] = []
-    if tls.enabled:
-        try:
+    try:
+        if tls.enabled:
             credentials, options = tls.credentials()
-        except ConnectionConfigError as exc:
-            raise UsageError(str(exc)) from exc
-    return AsyncClient(resolve_target(args.endpoint, env), token=resolve_token(args.token, env) or "",
+        token = resolve_token(args.token, env) or ""
+    except ConnectionConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    return AsyncClient(resolve_target(args.endpoint, env), token=token,
                        credentials=credentials, timeout=args.timeout, options=options or None, env=env)
 
 
@@ -325,9 +326,23 @@ async def run(args: argparse.Namespace, *, stdout: IO[str] | None = None, stderr
     except errors.FencepostError as exc:
         _error(out, exc.code, exc.reason, exc.message, exc.metadata)
         return exit_code_for(exc)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say to anyone
+        _silence_stdout()
+        return Exit.ERROR
     except OSError as exc:
         out.note(f"fencepost: {exc}")
         return Exit.ERROR
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of the
+    closed pipe does not print an error of its own at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _error(out: Out, code: str, reason: str, message: str, metadata: Mapping[str, str]) -> None:
@@ -347,3 +362,6 @@ def run_sync(args: argparse.Namespace) -> int:
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
+    except Exception as exc:  # the last resort (a bug): one line, as `fencepost serve` prints it
+        print(f"fencepost: error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return Exit.ERROR

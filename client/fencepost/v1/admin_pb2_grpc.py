@@ -48,6 +48,8 @@ class AdminServiceStub:
     field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff (with the same request_id for a start).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
+    unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 
@@ -97,6 +99,8 @@ class AdminServiceServicer:
     field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff (with the same request_id for a start).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
+    unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 
@@ -187,6 +191,8 @@ class AdminService:
     field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff (with the same request_id for a start).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
+    unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 

@@ -51,7 +51,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: expected_version is empty."""
     ERROR_REASON_FIELD_INVALID: _ErrorReason.ValueType  # 10
     """INVALID_ARGUMENT: a request field is malformed (a BadRequest field
-    violation names it).
+    violation names it). Also ALREADY_EXISTS from Fork: child_session_key
+    already names another session.
     """
     ERROR_REASON_REQUEST_ID_REUSED: _ErrorReason.ValueType  # 11
     """INVALID_ARGUMENT: the request id was already used for a different request."""
@@ -170,7 +171,8 @@ ERROR_REASON_VERSION_INVALID: ErrorReason.ValueType  # 9
 """INVALID_ARGUMENT: expected_version is empty."""
 ERROR_REASON_FIELD_INVALID: ErrorReason.ValueType  # 10
 """INVALID_ARGUMENT: a request field is malformed (a BadRequest field
-violation names it).
+violation names it). Also ALREADY_EXISTS from Fork: child_session_key
+already names another session.
 """
 ERROR_REASON_REQUEST_ID_REUSED: ErrorReason.ValueType  # 11
 """INVALID_ARGUMENT: the request id was already used for a different request."""

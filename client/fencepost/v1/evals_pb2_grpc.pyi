@@ -100,6 +100,10 @@ class EvalServiceStub:
     the newest update time are kept (ties broken by key). A run upserted
     while the prune runs is never removed (the delete is conditioned on the
     version that was read). An empty `next_page_token` is the only end signal.
+    Cost: PutEvalRun never prunes, so a first page reads every stored run and
+    deletes, one call each, every run past the window: list now and then, or
+    expect the first page after many puts to take a while (the later pages
+    are one list each).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -210,6 +214,10 @@ class EvalServiceAsyncStub(EvalServiceStub):
     the newest update time are kept (ties broken by key). A run upserted
     while the prune runs is never removed (the delete is conditioned on the
     version that was read). An empty `next_page_token` is the only end signal.
+    Cost: PutEvalRun never prunes, so a first page reads every stored run and
+    deletes, one call each, every run past the window: list now and then, or
+    expect the first page after many puts to take a while (the later pages
+    are one list each).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -341,6 +349,10 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         the newest update time are kept (ties broken by key). A run upserted
         while the prune runs is never removed (the delete is conditioned on the
         version that was read). An empty `next_page_token` is the only end signal.
+        Cost: PutEvalRun never prunes, so a first page reads every stored run and
+        deletes, one call each, every run past the window: list now and then, or
+        expect the first page after many puts to take a while (the later pages
+        are one list each).
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /

@@ -209,7 +209,8 @@ class KvServiceServicer:
         """PutIfAbsent creates a key only when it does not exist. When the key
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
-        Errors: the common ones.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+        request_id was used for a different request.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -221,7 +222,8 @@ class KvServiceServicer:
         `expected_version`. Not applied: `applied = false` with the current
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-        expected_version is empty.
+        expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+        request_id was used for a different request.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -100,7 +100,8 @@ class KvServiceStub:
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
-    Errors: the common ones.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+    request_id was used for a different request.
     Roles: service and operator.
     """
     PutIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]
@@ -108,7 +109,8 @@ class KvServiceStub:
     `expected_version`. Not applied: `applied = false` with the current
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-    expected_version is empty.
+    expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+    request_id was used for a different request.
     Roles: service and operator.
     """
     DeleteIfVersion: _grpc.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]
@@ -209,7 +211,8 @@ class KvServiceAsyncStub(KvServiceStub):
     """PutIfAbsent creates a key only when it does not exist. When the key
     exists the response says `applied = false` and carries the current
     version: a failed compare is a result, not an error.
-    Errors: the common ones.
+    Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+    request_id was used for a different request.
     Roles: service and operator.
     """
     PutIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.PutIfVersionRequest, _kv_pb2.PutIfVersionResponse]  # type: ignore[assignment]
@@ -217,7 +220,8 @@ class KvServiceAsyncStub(KvServiceStub):
     `expected_version`. Not applied: `applied = false` with the current
     version (empty when the key is absent); re-read and decide again.
     Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-    expected_version is empty.
+    expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+    request_id was used for a different request.
     Roles: service and operator.
     """
     DeleteIfVersion: _aio.UnaryUnaryMultiCallable[_kv_pb2.DeleteIfVersionRequest, _kv_pb2.DeleteIfVersionResponse]  # type: ignore[assignment]
@@ -351,7 +355,8 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         """PutIfAbsent creates a key only when it does not exist. When the key
         exists the response says `applied = false` and carries the current
         version: a failed compare is a result, not an error.
-        Errors: the common ones.
+        Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+        request_id was used for a different request.
         Roles: service and operator.
         """
 
@@ -365,7 +370,8 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         `expected_version`. Not applied: `applied = false` with the current
         version (empty when the key is absent); re-read and decide again.
         Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-        expected_version is empty.
+        expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+        request_id was used for a different request.
         Roles: service and operator.
         """
 

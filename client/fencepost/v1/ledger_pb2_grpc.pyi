@@ -101,6 +101,10 @@ class LedgerServiceStub:
     page: a session that commits between pages is listed once, as it was
     then; a session created after the first page is not listed. A page may
     hold fewer sessions than page_size (even none) with a next_page_token.
+    The snapshot is kept for the server's listing horizon (300 s by
+    default): a page token of a listing whose first page is older than that
+    is refused with PAGE_TOKEN_INVALID rather than resumed with sessions
+    missing.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
     Roles: service and operator.
@@ -122,8 +126,10 @@ class LedgerServiceStub:
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
-    kept changing under concurrent writers: retry); the common ones.
+    `expires_at`); LEASE_FENCED (a renewal by generation found that
+    generation fenced meanwhile: stop); SESSION_NOT_FOUND; ABORTED /
+    TXN_CONTENDED (the session kept changing under concurrent writers:
+    retry); the common ones.
     Roles: service and operator.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]
@@ -305,6 +311,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     page: a session that commits between pages is listed once, as it was
     then; a session created after the first page is not listed. A page may
     hold fewer sessions than page_size (even none) with a next_page_token.
+    The snapshot is kept for the server's listing horizon (300 s by
+    default): a page token of a listing whose first page is older than that
+    is refused with PAGE_TOKEN_INVALID rather than resumed with sessions
+    missing.
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
     without a token); the common ones.
     Roles: service and operator.
@@ -326,8 +336,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     renews instead; a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-    `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
-    kept changing under concurrent writers: retry); the common ones.
+    `expires_at`); LEASE_FENCED (a renewal by generation found that
+    generation fenced meanwhile: stop); SESSION_NOT_FOUND; ABORTED /
+    TXN_CONTENDED (the session kept changing under concurrent writers:
+    retry); the common ones.
     Roles: service and operator.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.RenewLeaseRequest, _ledger_pb2.RenewLeaseResponse]  # type: ignore[assignment]
@@ -530,6 +542,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         page: a session that commits between pages is listed once, as it was
         then; a session created after the first page is not listed. A page may
         hold fewer sessions than page_size (even none) with a next_page_token.
+        The snapshot is kept for the server's listing horizon (300 s by
+        default): a page token of a listing whose first page is older than that
+        is refused with PAGE_TOKEN_INVALID rather than resumed with sessions
+        missing.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones.
         Roles: service and operator.
@@ -563,8 +579,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         renews instead; a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
-        `expires_at`); SESSION_NOT_FOUND; ABORTED / TXN_CONTENDED (the session
-        kept changing under concurrent writers: retry); the common ones.
+        `expires_at`); LEASE_FENCED (a renewal by generation found that
+        generation fenced meanwhile: stop); SESSION_NOT_FOUND; ABORTED /
+        TXN_CONTENDED (the session kept changing under concurrent writers:
+        retry); the common ones.
         Roles: service and operator.
         """
 

@@ -75,6 +75,9 @@ class StoreApiServiceServicer:
         when the request does not decode). Nothing was written.
         - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
         - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+        - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+        (README, "Security"), the call presented no credentials or unknown
+        ones. Fix the credentials.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -55,6 +55,9 @@ class StoreApiServiceStub:
       when the request does not decode). Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown
+      ones. Fix the credentials.
     Roles: service and operator.
     """
 
@@ -85,6 +88,9 @@ class StoreApiServiceAsyncStub(StoreApiServiceStub):
       when the request does not decode). Nothing was written.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+    - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+      (README, "Security"), the call presented no credentials or unknown
+      ones. Fix the credentials.
     Roles: service and operator.
     """
 
@@ -118,6 +124,9 @@ class StoreApiServiceServicer(metaclass=_abc_1.ABCMeta):
           when the request does not decode). Nothing was written.
         - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
         - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+        - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+          (README, "Security"), the call presented no credentials or unknown
+          ones. Fix the credentials.
         Roles: service and operator.
         """
 

@@ -1,11 +1,11 @@
 // A runnable tour of the TypeScript client (see README.md):
-//   npm ci && npx tsc -p . && FENCEPOST_TARGET=127.0.0.1:50051 node dist/example/quickstart.js
+//   npm ci && npx tsc -p . && FENCEPOST_ENDPOINT=127.0.0.1:50051 node dist/example/quickstart.js
 import { randomUUID } from "node:crypto";
 
 import { ErrorReason, FencepostClient, LeasedSession, authorKv, isReason } from "../src";
 
 async function main(): Promise<void> {
-  const fp = new FencepostClient(process.env.FENCEPOST_TARGET ?? "127.0.0.1:50051", { timeoutMs: 5_000 });
+  const fp = new FencepostClient(undefined, { timeoutMs: 5_000 }); // FENCEPOST_ENDPOINT, else 127.0.0.1:50051
   try {
     // KV with compare-and-set: a failed compare is a result, not an error
     const key = authorKv("quickstart")(`greeting ${randomUUID()}`);

@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto";
 import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
 
 import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
 import { JournalServiceClient } from "./gen/fencepost/v1/journal";
 import { Compare, KeyValue, KvServiceClient, TxnOp, TxnResponse } from "./gen/fencepost/v1/kv";
@@ -19,7 +20,12 @@ export interface ClientOptions extends CallOptions {
   /** Default: insecure (loopback development). */
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
+  /** Bearer token, sent as `authorization: Bearer ...`. Default: FENCEPOST_TOKEN; "" sends none. */
+  token?: string;
 }
+
+/** Where a client without a target connects when FENCEPOST_ENDPOINT is unset (as the Python SDK and CLI). */
+export const DEFAULT_ENDPOINT = "127.0.0.1:50051";
 
 /** An entry read with its version. */
 export interface Entry {
@@ -62,9 +68,15 @@ export class FencepostClient {
   readonly storeApi: StoreApiServiceClient;
   readonly schedule: ScheduleServiceClient;
   readonly evals: EvalServiceClient;
+  readonly admin: AdminServiceClient;
   private readonly defaults: CallOptions;
 
-  constructor(target: string, options: ClientOptions = {}) {
+  /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, and the token to
+   * FENCEPOST_TOKEN: the variables the Python SDK and the CLI read (an empty one counts as unset). */
+  constructor(target?: string, options: ClientOptions = {}) {
+    target = target || process.env.FENCEPOST_ENDPOINT || DEFAULT_ENDPOINT;
+    const token = options.token ?? (process.env.FENCEPOST_TOKEN || "");
+    const metadata = token ? { ...options.metadata, authorization: `Bearer ${token}` } : options.metadata;
     const creds = options.credentials ?? grpcCredentials.createInsecure();
     this.channel = new Channel(target, creds, options.channelOptions ?? {});
     const shared = { channelOverride: this.channel };
@@ -75,7 +87,8 @@ export class FencepostClient {
     this.storeApi = new StoreApiServiceClient(target, creds, shared);
     this.schedule = new ScheduleServiceClient(target, creds, shared);
     this.evals = new EvalServiceClient(target, creds, shared);
-    this.defaults = { timeoutMs: options.timeoutMs, metadata: options.metadata, retry: options.retry ?? DEFAULT_RETRY };
+    this.admin = new AdminServiceClient(target, creds, shared);
+    this.defaults = { timeoutMs: options.timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
   }
 
   close(): void {

@@ -13,3 +13,4 @@ export * as journal from "./gen/fencepost/v1/journal";
 export * as storeApi from "./gen/fencepost/v1/store_api";
 export * as schedule from "./gen/fencepost/v1/schedule";
 export * as evals from "./gen/fencepost/v1/evals";
+export * as admin from "./gen/fencepost/v1/admin";

@@ -2,8 +2,8 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
-import { kv } from "../src";
-import { newClient, unique } from "./support";
+import { FencepostClient, FencepostError, kv } from "../src";
+import { newClient, target, unique } from "./support";
 
 const fp = newClient();
 after(() => fp.close());
@@ -83,4 +83,26 @@ test("Txn applies the success branch when every compare holds, else the failure 
   assert.deepEqual([failed.succeeded, failed.failedCompares], [false, [0]]);
   assert.equal((await fp.get(key))?.value.toString(), "2");
   assert.equal(await fp.get(other), null);
+});
+
+test("without a target the client connects to FENCEPOST_ENDPOINT, as the Python SDK and the CLI", async () => {
+  const saved = process.env.FENCEPOST_ENDPOINT;
+  process.env.FENCEPOST_ENDPOINT = target();
+  const fromEnv = new FencepostClient(undefined, { timeoutMs: 10_000 });
+  try {
+    const key = unique("ts/env");
+    await fromEnv.put(key, enc("v"));
+    assert.equal((await fp.get(key))?.value.toString(), "v");
+  } finally {
+    fromEnv.close();
+    if (saved === undefined) delete process.env.FENCEPOST_ENDPOINT;
+    else process.env.FENCEPOST_ENDPOINT = saved;
+  }
+});
+
+test("every service of the proto has its client on FencepostClient", async () => {
+  // AdminService (erasures) had none: the README promised every service's client
+  const op = await fp.call(fp.admin.getOperation.bind(fp.admin), { name: "operations/erase-none" }, { safe: true })
+    .catch((err: unknown) => err);
+  assert.ok(op instanceof FencepostError && op.reasonString === "OPERATION_NOT_FOUND", String(op));
 });

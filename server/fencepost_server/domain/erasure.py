@@ -52,6 +52,7 @@ from .errors import InvalidArgument, NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys
 from .ledger import Ledger
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
+from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.erasure")
 
@@ -156,6 +157,7 @@ class Eraser:
         """The background loop (every replica): claim unfinished operations
         every `poll_seconds` (None: only when this replica starts one), and at
         once when this replica starts one."""
+        warning = ThrottledWarning(log, "erasure pass")
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
@@ -164,8 +166,9 @@ class Eraser:
             self._wake.clear()
             try:
                 await self.run_pending()
+                warning.ok()
             except Exception as exc:  # an outage: try again next round
-                log.warning("erasure pass failed: %s", exc)
+                warning.failed(exc)
 
     async def run_pending(self) -> int:
         """Run every unfinished operation this replica can claim to the end;

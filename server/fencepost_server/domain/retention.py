@@ -34,6 +34,7 @@ from .errors import DomainError
 from .journal import Journal
 from .ledger import Ledger
 from .ledger.layout import LeaseState, agent_root
+from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.retention")
 
@@ -82,11 +83,13 @@ class Retention:
         self.cursor: str | None = None  # where the walk goes on (per process: passes are idempotent)
 
     async def run(self) -> None:
+        warning = ThrottledWarning(log, "retention pass")
         while True:
             try:
                 await self.sweep_pass()
+                warning.ok()
             except Exception as exc:  # an outage: try again next pass
-                log.warning("retention pass failed: %s", exc)
+                warning.failed(exc)
             await asyncio.sleep(self.config.interval)
 
     async def sweep_pass(self) -> RetentionCounts:

@@ -1,7 +1,7 @@
-"""Warnings from loops that repeat while an outage lasts (janitor passes,
-journal flushes): the first failure is logged at once, then at most one line
-per interval with how many were held back, and one line on recovery. A
-backend down for an hour is a handful of lines, not 720."""
+"""Warnings from loops that repeat while an outage lasts (janitor, erasure
+and retention passes, journal flushes): the first failure is logged at once,
+then at most one line per interval with how many were held back, and one
+line on recovery. A backend down for an hour is a handful of lines, not 720."""
 
 from __future__ import annotations
 

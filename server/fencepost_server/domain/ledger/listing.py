@@ -31,8 +31,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from fencepost import reasons
+
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
-from ..errors import NotFound
+from ..errors import InvalidArgument, NotFound
 from ..paging import page_size
 from .activity import Activity
 from .layout import agent_root, index_key, index_prefix, index_ready_key, index_start, parse_index_key
@@ -90,16 +92,25 @@ class ListingMethods(SessionMethods):
         listing = ("ledger.list_sessions", agent, max_sessions, max_age, max_total_bytes)
         resume = await self.pages.resume(tenant, listing, token)
         now = int(self.clock() * 1e6)
+        horizon = now - int(self.config.listing_horizon * 1e6)
         if resume is None:
             pos = _Position(now, "")
         else:
             count, used, t0, after = json.loads(resume)
             pos = _Position(int(t0), str(after), int(count), int(used))
+            if pos.t0 <= horizon:
+                # The snapshot's superseded entries may be swept by now: resuming
+                # would silently skip the sessions that moved since its first page.
+                raise InvalidArgument(
+                    reasons.PAGE_TOKEN_INVALID,
+                    f"page_token is of a listing started over {self.config.listing_horizon:g} s ago, "
+                    "longer than its snapshot is kept; restart the listing without a token",
+                    {"listing_horizon_seconds": f"{self.config.listing_horizon:g}"}, field="page_token",
+                )
         root = agent_root(tenant, agent)
         await self._ensure_index(root)
         prefix = index_prefix(root)
         cutoff = pos.t0 - int(max_age * 1e6)
-        horizon = now - int(self.config.listing_horizon * 1e6)
         start = prefix + pos.after if pos.after else index_start(prefix, pos.t0 - 1)
         batch = min(1000, 3 * limit + 16)  # room for superseded entries between live ones
         out: list[SessionSummary] = []

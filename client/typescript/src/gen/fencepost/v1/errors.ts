@@ -52,7 +52,8 @@ export enum ErrorReason {
   VERSION_INVALID = 9,
   /**
    * FIELD_INVALID - INVALID_ARGUMENT: a request field is malformed (a BadRequest field
-   * violation names it).
+   * violation names it). Also ALREADY_EXISTS from Fork: child_session_key
+   * already names another session.
    */
   FIELD_INVALID = 10,
   /** REQUEST_ID_REUSED - INVALID_ARGUMENT: the request id was already used for a different request. */

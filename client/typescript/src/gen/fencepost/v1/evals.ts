@@ -2095,6 +2095,10 @@ export const EvalServiceService = {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * Cost: PutEvalRun never prunes, so a first page reads every stored run and
+   * deletes, one call each, every run past the window: list now and then, or
+   * expect the first page after many puts to take a while (the later pages
+   * are one list each).
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -2213,6 +2217,10 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * Cost: PutEvalRun never prunes, so a first page reads every stored run and
+   * deletes, one call each, every run past the window: list now and then, or
+   * expect the first page after many puts to take a while (the later pages
+   * are one list each).
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -2329,6 +2337,10 @@ export interface EvalServiceClient extends Client {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * Cost: PutEvalRun never prunes, so a first page reads every stored run and
+   * deletes, one call each, every run past the window: list now and then, or
+   * expect the first page after many puts to take a while (the later pages
+   * are one list each).
    * Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
    * page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
    * for this agent's listing: restart without a token); INVALID_ARGUMENT /

@@ -2661,7 +2661,8 @@ export const KvServiceService = {
    * PutIfAbsent creates a key only when it does not exist. When the key
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
-   * Errors: the common ones.
+   * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfAbsent: {
@@ -2678,7 +2679,8 @@ export const KvServiceService = {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty.
+   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfVersion: {
@@ -2787,7 +2789,8 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * PutIfAbsent creates a key only when it does not exist. When the key
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
-   * Errors: the common ones.
+   * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfAbsent: handleUnaryCall<PutIfAbsentRequest, PutIfAbsentResponse>;
@@ -2796,7 +2799,8 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty.
+   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfVersion: handleUnaryCall<PutIfVersionRequest, PutIfVersionResponse>;
@@ -2931,7 +2935,8 @@ export interface KvServiceClient extends Client {
    * PutIfAbsent creates a key only when it does not exist. When the key
    * exists the response says `applied = false` and carries the current
    * version: a failed compare is a result, not an error.
-   * Errors: the common ones.
+   * Errors: the common ones; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfAbsent(
@@ -2954,7 +2959,8 @@ export interface KvServiceClient extends Client {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty.
+   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
+   * request_id was used for a different request.
    * Roles: service and operator.
    */
   putIfVersion(

@@ -810,6 +810,9 @@ export const StoreApiServiceService = {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+   *   (README, "Security"), the call presented no credentials or unknown
+   *   ones. Fix the credentials.
    * Roles: service and operator.
    */
   call: {
@@ -837,6 +840,9 @@ export interface StoreApiServiceServer extends UntypedServiceImplementation {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+   *   (README, "Security"), the call presented no credentials or unknown
+   *   ones. Fix the credentials.
    * Roles: service and operator.
    */
   call: handleUnaryCall<CallRequest, CallResponse>;
@@ -856,6 +862,9 @@ export interface StoreApiServiceClient extends Client {
    *   when the request does not decode). Nothing was written.
    * - UNAVAILABLE / BACKEND_UNAVAILABLE: retry with backoff.
    * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: retry with the same request_id.
+   * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
+   *   (README, "Security"), the call presented no credentials or unknown
+   *   ones. Fix the credentials.
    * Roles: service and operator.
    */
   call(request: CallRequest, callback: (error: ServiceError | null, response: CallResponse) => void): ClientUnaryCall;
