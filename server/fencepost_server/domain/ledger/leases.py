@@ -75,10 +75,7 @@ class LeaseMethods(LedgerBase):
         check_holder(holder)
         sk = self.keys(tenant, sid)
         if not holder:
-            cached = self.cached_lease(sk.lease)
-            if cached is not None:
-                st = LeaseState.decode(cached.value)
-                holder = st.holder if st.generation == generation else ""
+            holder = await self._holder_of(sk, generation)
         new = LeaseState(holder, generation, self.clock() + ttl, False)
         value = new.encode()
         res = await self.storage.transact(
@@ -88,6 +85,23 @@ class LeaseMethods(LedgerBase):
             raise await self.fenced(sk, generation)
         self.remember_lease(sk.lease, Item(sk.lease, value, res.versions[0] or ""))
         return new
+
+    async def _holder_of(self, sk: SessionKeys, generation: int) -> str:
+        """The holder granted `generation`, for a renew that did not name it:
+        the renew rewrites the whole lease record, and a blank holder there
+        would make the holder's own re-acquire by generation LEASE_HELD (by
+        ""). Remembered, or read once when this process has not seen that
+        generation ("" when it is not the stored one: the renew is fenced)."""
+        cached = self.cached_lease(sk.lease)
+        if cached is not None:
+            st = LeaseState.decode(cached.value)
+            if st.generation == generation:
+                return st.holder
+        item = await self.storage.get(sk.lease)
+        if item is None:
+            return ""
+        st = LeaseState.decode(item.value)
+        return st.holder if st.generation == generation else ""
 
     async def fenced(self, sk: SessionKeys, generation: int) -> Exception:
         """The error for a failed generation check (read after the fact)."""
