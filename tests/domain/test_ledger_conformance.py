@@ -30,3 +30,18 @@ async def test_renew_without_holder_on_another_replica_keeps_the_holder(storage:
     with pytest.raises(DomainError) as held:
         await third.acquire(T, sid, "B", ttl=10)
     assert reason(held) == reasons.LEASE_HELD and held.value.metadata["holder"] == "A"
+
+
+async def test_claim_orphan_needs_a_holder(storage: Storage) -> None:
+    """ClaimOrphan grants a lease like AcquireLease does, so it needs a holder
+    id like AcquireLease: a lease granted to "" names nobody (LEASE_HELD by "")
+    and the orphan is gone from the offer. FIELD_INVALID, nothing granted."""
+    ledger = Ledger(storage)
+    sid = await _session(ledger)
+    await ledger.deliver(T, session_id=sid, payload=b"e")  # never leased: an orphan at once
+    await ledger.janitor.scan()
+    with pytest.raises(DomainError) as refused:
+        await ledger.janitor.claim(T, "", 10, 0)
+    assert reason(refused) == reasons.FIELD_INVALID and refused.value.field == "holder_id"
+    claimed = await ledger.janitor.claim(T, "W", 10, 0)  # still on offer
+    assert claimed is not None and claimed.lease.holder == "W"

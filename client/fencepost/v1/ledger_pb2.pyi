@@ -516,8 +516,8 @@ class AcquireLeaseRequest(_message.Message):
     session_id: _builtins.str
     """The session."""
     holder_id: _builtins.str
-    """Who asks (a worker id; stored in the lease for diagnostics; at most
-    1024 characters, else FIELD_INVALID).
+    """Who asks (a worker id; stored in the lease for diagnostics; required,
+    at most 1024 characters, else FIELD_INVALID).
     """
     generation: _builtins.int
     """The caller's current generation, to renew through AcquireLease (0 = none)."""
@@ -1118,7 +1118,7 @@ class ClaimOrphanRequest(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     holder_id: _builtins.str
-    """Who takes it (at most 1024 characters, else FIELD_INVALID)."""
+    """Who takes it (required, at most 1024 characters, else FIELD_INVALID)."""
     agent: _builtins.str
     """Only sessions of this agent ("" = any agent of the tenant)."""
     @_builtins.property

@@ -97,6 +97,14 @@ def check_holder(holder: str, field_name: str = "holder_id") -> None:
         raise bad(field_name, f"{field_name} is longer than {MAX_HOLDER_CHARS} characters (got {len(holder)})")
 
 
+def require_holder(holder: str) -> None:
+    """The holder of a lease about to be granted (AcquireLease, ClaimOrphan):
+    required, since a lease granted to "" names nobody."""
+    if not holder:
+        raise bad("holder_id", "holder_id is required")
+    check_holder(holder)
+
+
 class _Lru:
     def __init__(self, size: int) -> None:
         self.size = size

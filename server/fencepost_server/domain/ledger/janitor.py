@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...storage import Item
 from ..throttled_log import ThrottledWarning
-from .core import LedgerBase, SessionView, bad, check_holder
+from .core import LedgerBase, SessionView, bad, require_holder
 from .layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
 
 log = logging.getLogger("fencepost.ledger.janitor")
@@ -185,8 +185,8 @@ class Janitor:
         if anything touched the lease since (a renew, another claim, an
         acquire), it fails and the orphan is dropped, so one orphan is never
         granted twice, across any number of replicas."""
+        require_holder(holder)
         ttl = self.ledger.ttl(ttl)
-        check_holder(holder)
         if wait < 0:
             raise bad("wait", f"wait must not be negative (got {wait}s); 0 returns at once")
         deadline = time.monotonic() + wait

@@ -4,7 +4,7 @@ generation item), all in one conditional write each."""
 from __future__ import annotations
 
 from ...storage import Check, CountKeys, Expect, Item, Put, Write
-from .core import INBOX_COUNT_CAP, LedgerBase, bad, check_holder, contended, lease_fenced, lease_held
+from .core import INBOX_COUNT_CAP, LedgerBase, check_holder, contended, lease_fenced, lease_held, require_holder
 from .layout import LeaseState, SessionKeys, gen_value, is_erased, parse_gen, session_not_found
 
 _ATTEMPTS = 8
@@ -20,9 +20,7 @@ class LeaseMethods(LedgerBase):
         Steady state is one transaction: the lease item last seen by this
         process is the CAS expectation. A stale cache costs one read and one
         more attempt; a "held" verdict is always confirmed by a fresh read."""
-        if not holder:
-            raise bad("holder_id", "holder_id is required")
-        check_holder(holder)
+        require_holder(holder)
         ttl = self.ttl(ttl)
         sk = self.keys(tenant, sid)
         item = self.cached_lease(sk.lease)

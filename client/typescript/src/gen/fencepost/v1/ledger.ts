@@ -203,8 +203,8 @@ export interface AcquireLeaseRequest {
   /** The session. */
   sessionId: string;
   /**
-   * Who asks (a worker id; stored in the lease for diagnostics; at most
-   * 1024 characters, else FIELD_INVALID).
+   * Who asks (a worker id; stored in the lease for diagnostics; required,
+   * at most 1024 characters, else FIELD_INVALID).
    */
   holderId: string;
   /**
@@ -421,7 +421,7 @@ export interface WatchInboxResponse {
 
 /** ClaimOrphanRequest asks for an orphaned session. */
 export interface ClaimOrphanRequest {
-  /** Who takes it (at most 1024 characters, else FIELD_INVALID). */
+  /** Who takes it (required, at most 1024 characters, else FIELD_INVALID). */
   holderId: string;
   /** The lease ttl (unset = 30 s; negative is refused). */
   ttl:
