@@ -45,3 +45,49 @@ async def test_claim_orphan_needs_a_holder(storage: Storage) -> None:
     assert reason(refused) == reasons.FIELD_INVALID and refused.value.field == "holder_id"
     claimed = await ledger.janitor.claim(T, "W", 10, 0)  # still on offer
     assert claimed is not None and claimed.lease.holder == "W"
+
+
+async def test_release_retried_after_an_event_parked_still_succeeds(storage: Storage) -> None:
+    """ReleaseLease is idempotent: a retry of a release that applied (its
+    response lost) succeeds even when an event was parked since. The event is
+    not the caller's to drain any more (its commit would be LEASE_FENCED): the
+    session is released, so the janitor hands it on."""
+    ledger = Ledger(storage)
+    sid = await _session(ledger)
+    g = (await ledger.acquire(T, sid, "A", ttl=10)).generation
+    assert await ledger.release(T, sid, g) == 0
+    await ledger.deliver(T, session_id=sid, payload=b"after the release")
+    assert await ledger.release(T, sid, g) == 0  # the retry
+    lease = (await ledger.get(T, sid)).lease
+    assert (lease.generation, lease.released) == (g, True)
+
+
+async def test_release_by_a_replaced_holder_is_fenced_not_told_to_drain(storage: Storage) -> None:
+    """A holder replaced after its TTL that releases while events wait is
+    LEASE_FENCED (final: stop), not INBOX_NOT_EMPTY (which tells it to drain
+    the inbox with commits it can no longer make)."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    sid = await _session(ledger)
+    a = await ledger.acquire(T, sid, "A", ttl=10)
+    clock.now += 11
+    b = await ledger.acquire(T, sid, "B", ttl=10)
+    await ledger.deliver(T, session_id=sid, payload=b"e")
+    with pytest.raises(DomainError) as late:
+        await ledger.release(T, sid, a.generation)
+    assert reason(late) == reasons.LEASE_FENCED
+    assert late.value.metadata["current_generation"] == str(b.generation)
+    with pytest.raises(DomainError) as pending:  # the live holder is still told to drain
+        await ledger.release(T, sid, b.generation)
+    assert reason(pending) == reasons.INBOX_NOT_EMPTY
+
+
+async def test_empty_records_commit_and_read_back_on_every_backend(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    sid = await _session(ledger)
+    g = (await ledger.acquire(T, sid, "A", ttl=10)).generation
+    out = await ledger.commit(T, sid, g, 0, [b"", b"x", b""], commit_id="c")
+    assert out.seq == 3
+    assert [r for p in [p async for p in ledger.read_log(T, sid)] for r in p] == [(1, b""), (2, b"x"), (3, b"")]
+    replay = await ledger.commit(T, sid, g, 0, [b"", b"x", b""], commit_id="c")
+    assert (replay.seq, replay.replayed) == (3, True)

@@ -4,6 +4,7 @@ generation item), all in one conditional write each."""
 from __future__ import annotations
 
 from ...storage import Check, CountKeys, Expect, Item, Put, Write
+from ..errors import FailedPrecondition
 from .core import INBOX_COUNT_CAP, LedgerBase, check_holder, contended, lease_fenced, lease_held, require_holder
 from .layout import LeaseState, SessionKeys, gen_value, is_erased, parse_gen, session_not_found
 
@@ -125,7 +126,15 @@ class LeaseMethods(LedgerBase):
             ]
             if not force:
                 entry = await self.storage.get(sk.pending)
-                await self.prove_inbox_empty(sk, entry, checks, writes, "commit them, then release")
+                try:
+                    await self.prove_inbox_empty(sk, entry, checks, writes, "commit them, then release")
+                except FailedPrecondition:
+                    # the events are the caller's to drain only while it holds the
+                    # lease: a retried release (already released) succeeds, a
+                    # replaced holder is LEASE_FENCED
+                    if (done := await self._not_holding(sk, generation, force)) is not None:
+                        return done
+                    raise
             res = await self.storage.transact(checks, writes, CountKeys(sk.inbox, INBOX_COUNT_CAP) if force else None)
             self.remember_lease(sk.lease, None)
             if res.applied:
@@ -137,12 +146,22 @@ class LeaseMethods(LedgerBase):
                 return res.count if res.count is not None else await self.pending_after_write(sk, INBOX_COUNT_CAP)
             gen_index = len(checks)  # the gen write's condition index
             if gen_index in res.failed or not res.failed:
-                item = await self.storage.get(sk.gen)
-                if item is None or is_erased(item.value):
-                    raise session_not_found(sid)
-                current, held = parse_gen(item.value)
-                if current == generation and not held:
-                    return await self.count_inbox(sk) if force else 0  # already released
-                raise lease_fenced(generation, current, released=not held)
+                if (done := await self._not_holding(sk, generation, force)) is not None:
+                    return done
             # the pending entry changed under us: a delivery raced; decide again
         raise contended("ReleaseLease")
+
+    async def _not_holding(self, sk: SessionKeys, generation: int, force: bool) -> int | None:
+        """A release's answer when `generation` is no longer held: the pending
+        count (0 without force) when it was released at that generation (a
+        retried release), else LEASE_FENCED or SESSION_NOT_FOUND. None while
+        it is still held (the caller decides again)."""
+        item = await self.storage.get(sk.gen)
+        if item is None or is_erased(item.value):
+            raise session_not_found(sk.sid)
+        current, held = parse_gen(item.value)
+        if current == generation and held:
+            return None
+        if current == generation:
+            return await self.count_inbox(sk) if force else 0  # already released
+        raise lease_fenced(generation, current, released=not held)
