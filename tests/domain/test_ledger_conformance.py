@@ -91,3 +91,21 @@ async def test_empty_records_commit_and_read_back_on_every_backend(storage: Stor
     assert [r for p in [p async for p in ledger.read_log(T, sid)] for r in p] == [(1, b""), (2, b"x"), (3, b"")]
     replay = await ledger.commit(T, sid, g, 0, [b"", b"x", b""], commit_id="c")
     assert (replay.seq, replay.replayed) == (3, True)
+
+
+async def test_inbox_lists_events_in_arrival_order_even_when_the_clock_stalls_or_steps_back(
+    storage: Storage,
+) -> None:
+    """ListInbox is "pending events in arrival order": events parked one after
+    the other by one server keep that order when its clock reads the same
+    value twice (a coarse clock) or steps backwards (NTP)."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    sid = await _session(ledger)
+    sent = [f"e{i}".encode() for i in range(12)]
+    for i, payload in enumerate(sent):
+        if i == 6:
+            clock.now -= 5  # the clock steps back
+        await ledger.deliver(T, session_id=sid, payload=payload)
+    events, _ = await ledger.list_inbox(T, sid)
+    assert [e.payload for e in events] == sent

@@ -16,7 +16,7 @@ from ...storage import Check, Delete, Expect, Item, Storage, StorageError, Write
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..limits import Limits
 from ..paging import PageTokens
-from .layout import LeaseState, Meta, SessionKeys, session_keys, session_not_found
+from .layout import LeaseState, Meta, SessionKeys, inbox_id_at, session_keys, session_not_found
 
 log = logging.getLogger("fencepost.ledger")
 
@@ -154,6 +154,7 @@ class LedgerBase:
         self._acts = _Lru(self.config.cache_size)  # act/ key -> the act/ value last seen / written
         self._indexed = _Lru(self.config.cache_size)  # agent roots whose activity index is complete
         self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._last_arrival_ns = 0  # the last inbox id's time (arrival_id)
 
     def drain(self) -> None:
         """Shutdown has begun: wake every watcher so streams end now."""
@@ -175,6 +176,15 @@ class LedgerBase:
         if ttl > self.config.max_ttl:
             raise bad("ttl", f"ttl {ttl}s is over the maximum of {self.config.max_ttl}s")
         return ttl
+
+    def arrival_id(self, now: float) -> str:
+        """A new inbox id, after every one this process made before: inbox ids
+        are the arrival order, which must hold when the clock reads the same
+        value twice or steps backwards (the random suffix alone would order
+        such events by chance)."""
+        ns = max(int(now * 1e9), self._last_arrival_ns + 1)
+        self._last_arrival_ns = ns
+        return inbox_id_at(ns)
 
     def remember_lease(self, key: str, item: Item | None) -> None:
         if item is None:

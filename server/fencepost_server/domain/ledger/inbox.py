@@ -22,7 +22,6 @@ from .layout import (
     encode_inline_event,
     gen_value,
     inbox_time,
-    new_inbox_id,
     pending_value,
     session_not_found,
 )
@@ -102,7 +101,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
     async def _park(self, sk: SessionKeys, payload: bytes, dedupe_key: str) -> tuple[str, bool]:
         for _ in range(_ATTEMPTS):
             now = self.clock()
-            inbox_id = new_inbox_id(now)
+            inbox_id = self.arrival_id(now)
             checks = [Check(sk.head, PRESENT)]
             if len(payload) > self.config.inline_event_bytes:
                 # Written before the inbox entry; the entry's transaction checks

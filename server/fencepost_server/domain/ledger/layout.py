@@ -99,7 +99,10 @@ def shard_of(session_id: str) -> int:
 
 def new_inbox_id(now: float | None = None) -> str:
     """Arrival-ordered: nanoseconds since the epoch, then 32 random bits."""
-    ns = time.time_ns() if now is None else int(now * 1e9)
+    return inbox_id_at(time.time_ns() if now is None else int(now * 1e9))
+
+
+def inbox_id_at(ns: int) -> str:
     return f"{ns:020d}-{random_hex(4)}"
 
 
