@@ -3,6 +3,8 @@ what a second replica (no caches) sees, empty and boundary values."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from fencepost import reasons
@@ -109,3 +111,42 @@ async def test_inbox_lists_events_in_arrival_order_even_when_the_clock_stalls_or
         await ledger.deliver(T, session_id=sid, payload=payload)
     events, _ = await ledger.list_inbox(T, sid)
     assert [e.payload for e in events] == sent
+
+
+async def _outcome(coro) -> str:  # type: ignore[no-untyped-def]
+    try:
+        await coro
+        return "ok"
+    except DomainError as exc:
+        return exc.reason
+
+
+async def test_two_replicas_acquiring_at_once_grant_one(storage: Storage) -> None:
+    """Two replicas (no shared cache) grant one of two racing acquires; the
+    loser sees LEASE_HELD naming the winner, and the generation moved once."""
+    clock = FakeClock()
+    one, two = Ledger(storage, clock=clock), Ledger(storage, clock=clock)
+    sid = await _session(one)
+    for round_ in range(3):
+        outcomes = await asyncio.gather(_outcome(one.acquire(T, sid, "A", ttl=10)),
+                                        _outcome(two.acquire(T, sid, "B", ttl=10)))
+        assert sorted(outcomes) == ["LEASE_HELD", "ok"]
+        lease = (await Ledger(storage, clock=clock).get(T, sid)).lease
+        assert lease.generation == round_ + 1 and lease.holder == ("A" if outcomes[0] == "ok" else "B")
+        clock.now += 11  # expired: the next round races again
+
+
+async def test_renew_racing_a_takeover_after_expiry_lets_one_win(storage: Storage) -> None:
+    """The holder's renew (after its lease expired) and another replica's
+    acquire race: exactly one applies; the other is LEASE_FENCED / LEASE_HELD."""
+    clock = FakeClock()
+    one, two = Ledger(storage, clock=clock), Ledger(storage, clock=clock)
+    sid = await _session(one)
+    g = (await one.acquire(T, sid, "A", ttl=10)).generation
+    clock.now += 11
+    renew, take = await asyncio.gather(_outcome(one.renew(T, sid, g, 10, "A")),
+                                       _outcome(two.acquire(T, sid, "B", ttl=10)))
+    assert (renew, take) in (("ok", "LEASE_HELD"), ("LEASE_FENCED", "ok"))
+    lease = (await one.get(T, sid)).lease
+    assert lease.holder == ("A" if renew == "ok" else "B")
+    assert lease.generation == (g if renew == "ok" else g + 1)
