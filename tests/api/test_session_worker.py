@@ -183,3 +183,23 @@ async def test_deliver_to_a_held_session_walks_away(fp: fencepost.AsyncClient) -
     result = await fencepost.SessionWorker(fp, turns, holder_id="pod-a").deliver(b"x", session_id=sid)
     assert not result.served and result.delivery is not None and not result.delivery.lease_granted
     assert turns.seen == [] and (await fp.get_session(sid)).pending == 1
+
+
+async def test_an_event_delivered_through_the_serving_worker_is_a_follow_up_turn(fp: fencepost.AsyncClient) -> None:
+    """One worker (one holder id) receives a second event for the session it
+    is serving: it walks away from its own delivery, and its loop serves the
+    event in a follow-up turn; the turn in progress is not fenced and no turn
+    runs twice."""
+    turns = Turns()
+    worker = fencepost.SessionWorker(fp, turns, holder_id="pod-a", idle=0)
+    inner: list[fencepost.WorkerResult] = []
+
+    async def during_first_turn(s: Session, events: list[InboxEvent]) -> None:
+        inner.append(await worker.deliver(b"second", agent="ag", session_key="same-pod"))
+
+    turns.hooks.append(during_first_turn)
+    result = await worker.deliver(b"first", agent="ag", session_key="same-pod")
+    assert not inner[0].served
+    assert result.served and result.released and not result.fenced
+    assert turns.seen == [(result.generation, [b"first"]), (result.generation, [b"second"])]
+    assert await log(fp, result.session_id) == [b"did first", b"did second"]

@@ -150,3 +150,25 @@ async def test_renew_racing_a_takeover_after_expiry_lets_one_win(storage: Storag
     lease = (await one.get(T, sid)).lease
     assert lease.holder == ("A" if renew == "ok" else "B")
     assert lease.generation == (g if renew == "ok" else g + 1)
+
+
+async def test_deliver_trying_the_lease_its_holder_already_holds_walks_away(storage: Storage) -> None:
+    """A worker keeps one holder id for every session it serves; an event for
+    a session it is serving right now, delivered through it with
+    try_lease=itself, must not fence its own turn in progress (that turn's
+    commit would be LEASE_FENCED and the turn run again by the new grant,
+    its side effects twice). The lease is held: the caller walks away and the
+    serving loop drains the event (its commit reports it pending)."""
+    ledger = Ledger(storage)
+    sid = await _session(ledger)
+    first = await ledger.deliver(T, session_id=sid, payload=b"first", try_lease="pod-7")
+    assert first.lease_granted and first.lease is not None
+    g = first.lease.generation
+    second = await ledger.deliver(T, session_id=sid, payload=b"second", try_lease="pod-7")
+    assert not second.lease_granted
+    assert second.lease is not None and (second.lease.holder, second.lease.generation) == ("pod-7", g)
+    done = await ledger.commit(T, sid, g, 0, [b"did first"], [first.inbox_id], commit_id="t1")
+    assert (done.seq, done.pending) == (1, 1)  # the turn in progress lands and sees the event
+    # an explicit AcquireLease by the same holder id still takes the lease over
+    # (a restarted process reclaiming its lease), as documented
+    assert (await ledger.acquire(T, sid, "pod-7", ttl=10)).generation == g + 1

@@ -930,7 +930,11 @@ class DeliverRequest(_message.Message):
     """At-least-once sources: the same key parks once, ever."""
     try_lease: _builtins.str
     """When set, the holder id that tries the lease after parking (at most
-    1024 characters, else FIELD_INVALID before anything is parked).
+    1024 characters, else FIELD_INVALID before anything is parked). A live
+    lease held by this same holder id counts as held (`lease_granted =
+    false`, its generation unchanged): the holder's loop drains the event,
+    and its turn in progress is not fenced. AcquireLease is how a restarted
+    holder reclaims its lease.
     """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:

@@ -345,7 +345,8 @@ class LedgerServiceServicer:
         pending, in one atomic write; the response (the ack) is sent only after
         that write is durable. A redelivery with the same dedupe_key parks
         nothing and returns the original inbox id, also after it was consumed.
-        With try_lease it then tries the lease for that holder.
+        With try_lease it then tries the lease for that holder (a live lease of
+        that same holder is held: the holder drains the event).
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
         (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
         concurrent writers); the common ones (retry with the same dedupe_key).

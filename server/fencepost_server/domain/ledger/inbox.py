@@ -89,7 +89,9 @@ class InboxMethods(SessionMethods, LeaseMethods):
         granted, lease = False, None
         if try_lease:
             try:
-                lease = await self.acquire(tenant, sid, try_lease, ttl)  # type: ignore[attr-defined]
+                # reclaim=False: a worker serving this session right now keeps
+                # its generation (its turn in progress drains the event)
+                lease = await self.acquire(tenant, sid, try_lease, ttl, reclaim=False)  # type: ignore[attr-defined]
                 granted = True
             except Exception as exc:  # LEASE_HELD is an answer here, not an error
                 if getattr(exc, "reason", None) != reasons.LEASE_HELD:

@@ -13,10 +13,14 @@ _ATTEMPTS = 8
 
 class LeaseMethods(LedgerBase):
     async def acquire(
-        self, tenant: str, sid: str, holder: str, ttl: float | None = None, generation: int = 0
+        self, tenant: str, sid: str, holder: str, ttl: float | None = None, generation: int = 0,
+        reclaim: bool = True,
     ) -> LeaseState:
         """Grant (new generation) when free or expired; renew when the caller is
-        the live holder and passes its generation; else LEASE_HELD.
+        the live holder and passes its generation; else LEASE_HELD. The live
+        holder's own id without its generation is granted a new generation
+        (a restarted holder reclaiming its lease) unless `reclaim` is false:
+        then its live lease is held like anyone's (Deliver's try_lease).
 
         Steady state is one transaction: the lease item last seen by this
         process is the CAS expectation. A stale cache costs one read and one
@@ -33,7 +37,7 @@ class LeaseMethods(LedgerBase):
             now = self.clock()
             if st.live(now) and generation and generation == st.generation and holder == st.holder:
                 return await self.renew(tenant, sid, generation, ttl, holder)
-            if st.live(now) and holder != st.holder:
+            if st.live(now) and (holder != st.holder or not reclaim):
                 if not fresh:
                     item, fresh = await self.read_lease(sk), True
                     continue

@@ -363,7 +363,11 @@ export interface DeliverRequest {
   dedupeKey: string;
   /**
    * When set, the holder id that tries the lease after parking (at most
-   * 1024 characters, else FIELD_INVALID before anything is parked).
+   * 1024 characters, else FIELD_INVALID before anything is parked). A live
+   * lease held by this same holder id counts as held (`lease_granted =
+   * false`, its generation unchanged): the holder's loop drains the event,
+   * and its turn in progress is not fenced. AcquireLease is how a restarted
+   * holder reclaims its lease.
    */
   tryLease: string;
   /**
@@ -4798,7 +4802,8 @@ export const LedgerServiceService = {
    * pending, in one atomic write; the response (the ack) is sent only after
    * that write is durable. A redelivery with the same dedupe_key parks
    * nothing and returns the original inbox id, also after it was consumed.
-   * With try_lease it then tries the lease for that holder.
+   * With try_lease it then tries the lease for that holder (a live lease of
+   * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
@@ -5023,7 +5028,8 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * pending, in one atomic write; the response (the ack) is sent only after
    * that write is durable. A redelivery with the same dedupe_key parks
    * nothing and returns the original inbox id, also after it was consumed.
-   * With try_lease it then tries the lease for that holder.
+   * With try_lease it then tries the lease for that holder (a live lease of
+   * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
@@ -5335,7 +5341,8 @@ export interface LedgerServiceClient extends Client {
    * pending, in one atomic write; the response (the ack) is sent only after
    * that write is durable. A redelivery with the same dedupe_key parks
    * nothing and returns the original inbox id, also after it was consumed.
-   * With try_lease it then tries the lease for that holder.
+   * With try_lease it then tries the lease for that holder (a live lease of
+   * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
    * concurrent writers); the common ones (retry with the same dedupe_key).
