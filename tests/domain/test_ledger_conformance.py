@@ -172,3 +172,22 @@ async def test_deliver_trying_the_lease_its_holder_already_holds_walks_away(stor
     # an explicit AcquireLease by the same holder id still takes the lease over
     # (a restarted process reclaiming its lease), as documented
     assert (await ledger.acquire(T, sid, "pod-7", ttl=10)).generation == g + 1
+
+
+async def test_an_event_and_a_record_exactly_at_the_limit_are_taken_one_byte_more_is_not(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    limit = ledger.limits.max_value_bytes
+    sid = await _session(ledger)
+    at = await ledger.deliver(T, session_id=sid, payload=b"e" * limit)
+    with pytest.raises(DomainError) as over:
+        await ledger.deliver(T, session_id=sid, payload=b"e" * (limit + 1))
+    assert reason(over) == reasons.EVENT_TOO_LARGE
+    events, _ = await ledger.list_inbox(T, sid)
+    assert [len(e.payload) for e in events] == [limit]
+    g = (await ledger.acquire(T, sid, "A", ttl=10)).generation
+    done = await ledger.commit(T, sid, g, 0, [b"r" * limit], [at.inbox_id], commit_id="c")
+    assert (done.seq, done.pending) == (1, 0)
+    with pytest.raises(DomainError) as big:
+        await ledger.commit(T, sid, g, 1, [b"r" * (limit + 1)], commit_id="c2")
+    assert reason(big) == reasons.RECORD_TOO_LARGE
+    assert [len(d) for p in [p async for p in ledger.read_log(T, sid)] for _, d in p] == [limit]
