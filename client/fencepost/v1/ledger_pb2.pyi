@@ -111,7 +111,7 @@ class Session(_message.Message):
     seq: _builtins.int
     """The seq of the last committed record (0 when empty)."""
     pending: _builtins.int
-    """Events parked and not yet consumed."""
+    """Events parked and not yet consumed (counted up to 10,000)."""
     parent_session_id: _builtins.str
     """The parent session of a fork ("" otherwise)."""
     seed_length: _builtins.int
@@ -187,7 +187,9 @@ class OpenSessionRequest(_message.Message):
     agent: _builtins.str
     """The agent (one key segment)."""
     session_key: _builtins.str
-    """The caller's continuation key (any length; hashed past 256 bytes)."""
+    """The caller's continuation key (at most 1024 UTF-8 bytes, else
+    FIELD_INVALID; kept hashed in store keys past 256 bytes).
+    """
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Metadata stored when the session is created (ignored when it exists)."""
@@ -695,7 +697,7 @@ class ReleaseLeaseResponse(_message.Message):
 
     PENDING_FIELD_NUMBER: _builtins.int
     pending: _builtins.int
-    """Events left pending (only with force)."""
+    """Events left pending (only with force; counted up to 10,000)."""
     def __init__(
         self,
         *,

@@ -57,7 +57,7 @@ export interface Session {
   lease:
     | Lease
     | undefined;
-  /** Events parked and not yet consumed. */
+  /** Events parked and not yet consumed (counted up to 10,000). */
   pending: string;
   /** The parent session of a fork ("" otherwise). */
   parentSessionId: string;
@@ -84,7 +84,10 @@ export interface Session_MetadataEntry {
 export interface OpenSessionRequest {
   /** The agent (one key segment). */
   agent: string;
-  /** The caller's continuation key (any length; hashed past 256 bytes). */
+  /**
+   * The caller's continuation key (at most 1024 UTF-8 bytes, else
+   * FIELD_INVALID; kept hashed in store keys past 256 bytes).
+   */
   sessionKey: string;
   /** Metadata stored when the session is created (ignored when it exists). */
   metadata: { [key: string]: string };
@@ -274,7 +277,7 @@ export interface ReleaseLeaseRequest {
 
 /** ReleaseLeaseResponse is the outcome of ReleaseLease. */
 export interface ReleaseLeaseResponse {
-  /** Events left pending (only with force). */
+  /** Events left pending (only with force; counted up to 10,000). */
   pending: string;
 }
 
