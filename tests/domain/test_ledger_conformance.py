@@ -9,8 +9,10 @@ import pytest
 
 from fencepost import reasons
 from fencepost_server.domain.errors import DomainError
-from fencepost_server.domain.ledger import Ledger
-from fencepost_server.storage import Storage
+from fencepost_server.domain.ledger import Ledger, LedgerConfig
+from fencepost_server.domain.ledger.layout import BLOB_PREFIX
+from fencepost_server.storage import Delete, Storage
+from fencepost_server.storage.counting import ObservedStorage
 from tests.domain.test_ledger import T, FakeClock, _session, reason
 
 
@@ -191,3 +193,61 @@ async def test_an_event_and_a_record_exactly_at_the_limit_are_taken_one_byte_mor
         await ledger.commit(T, sid, g, 1, [b"r" * (limit + 1)], commit_id="c2")
     assert reason(big) == reasons.RECORD_TOO_LARGE
     assert [len(d) for p in [p async for p in ledger.read_log(T, sid)] for _, d in p] == [limit]
+
+
+class _StalledDelivery(ObservedStorage):
+    """A Deliver that stalls between writing its payload blob and parking its
+    inbox entry, and a janitor that pauses between finding the entry absent
+    and deleting the blob: the delivery parks (and is acked) in that pause."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.blob_written = asyncio.Event()
+        self.janitor_looked = asyncio.Event()
+        self.parked = asyncio.Event()
+
+    async def put(self, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = await self.inner.put(key, value, *args, **kwargs)
+        if key.startswith(BLOB_PREFIX) and not self.blob_written.is_set():
+            self.blob_written.set()
+            await self.janitor_looked.wait()  # the Deliver stalls past the grace
+        return result
+
+    async def _pause(self) -> None:
+        if self.blob_written.is_set() and not self.janitor_looked.is_set():
+            self.janitor_looked.set()
+            await self.parked.wait()
+
+    async def get(self, key: str):  # type: ignore[no-untyped-def]
+        item = await self.inner.get(key)
+        if "/in/" in key:
+            await self._pause()  # the janitor pauses after a look at the inbox entry
+        return item
+
+    async def transact(self, checks, writes, count=None):  # type: ignore[no-untyped-def]
+        if any(w.key.startswith(BLOB_PREFIX) for w in writes if type(w) is Delete):
+            await self._pause()  # ... or just before a delete of the blob
+        return await self.inner.transact(checks, writes, count)
+
+
+async def test_janitor_never_sweeps_the_blob_of_an_event_parked_after_its_look(storage: Storage) -> None:
+    """The blob sweep deletes a payload blob only if its inbox entry is still
+    absent at the delete (one conditional write): a delivery stalled past the
+    grace that parks between the janitor's look and its delete keeps its
+    payload, instead of an acked event that ListInbox no longer shows (and
+    that blocks ReleaseLease forever)."""
+    clock = FakeClock()
+    stalled = _StalledDelivery(storage)
+    config = LedgerConfig(inline_event_bytes=16, orphan_grace=5)
+    ledger = Ledger(stalled, config=config, clock=clock)
+    sid = await _session(ledger)
+    delivery = asyncio.ensure_future(ledger.deliver(T, session_id=sid, payload=b"x" * 1000))
+    await stalled.blob_written.wait()
+    clock.now += 10  # past the grace: the blob looks orphaned
+    sweep = asyncio.ensure_future(ledger.janitor.scan())
+    acked = await asyncio.wait_for(delivery, 60)  # parked while the janitor paused (the bound only ends a hang)
+    stalled.parked.set()
+    await sweep
+    events, _ = await ledger.list_inbox(T, sid)
+    assert [(e.inbox_id, e.payload) for e in events] == [(acked.inbox_id, b"x" * 1000)]
+    assert await storage.get(ledger.keys(T, sid).blob_key(acked.inbox_id)) is not None

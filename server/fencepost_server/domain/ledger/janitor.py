@@ -9,7 +9,9 @@ Each pass, per pending-index shard (`#/ledger/pending/{shard}/`):
   - not empty, lease released or expired more than `grace` ago: an orphan,
     offered to ClaimOrphan callers of that tenant with the lease item seen.
 Then blobs (`#/ledger/blob/{shard}/`) older than `grace` whose inbox entry is
-gone are deleted (Deliver checks its blob still exists when it parks), and
+gone are deleted, each in one write conditioned on that entry's absence
+(Deliver checks its blob still exists when it parks, so exactly one of the
+two applies), and
 every session tombstoned more than `grace` ago but not yet swept
 (`#/ledger/erase/{shard}/`: its DeleteSession was cut short, by a crash or a
 deadline) is swept to the end (the sweep is idempotent, so two replicas
@@ -26,7 +28,7 @@ from urllib.parse import unquote
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ...storage import Item
+from ...storage import Check, Delete, Expect, Item
 from ..throttled_log import ThrottledWarning
 from .core import LedgerBase, SessionView, bad, require_holder
 from .layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
@@ -151,9 +153,12 @@ class Janitor:
                     tenant = _tenant_of(_tenant_enc)
                     if tenant is None:
                         continue
+                    # One conditional write, never look-then-delete: a delivery
+                    # stalled past the grace that parks its entry between a look
+                    # and the delete would be acked with its payload gone.
                     inbox_key = SessionKeys(tenant, sid).inbox_key(inbox_id)
-                    if await self.storage.get(inbox_key) is None:
-                        await self.storage.delete(key)
+                    res = await self.storage.transact([Check(inbox_key, Expect(exists=False))], [Delete(key)])
+                    if res.applied:
                         self.stats.blobs_swept += 1
                 if len(keys) < _BATCH:
                     break
