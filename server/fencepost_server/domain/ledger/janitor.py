@@ -153,10 +153,13 @@ class Janitor:
                     tenant = _tenant_of(_tenant_enc)
                     if tenant is None:
                         continue
-                    # One conditional write, never look-then-delete: a delivery
-                    # stalled past the grace that parks its entry between a look
-                    # and the delete would be acked with its payload gone.
                     inbox_key = SessionKeys(tenant, sid).inbox_key(inbox_id)
+                    if await self.storage.get(inbox_key) is not None:
+                        continue  # pending: a read, not a failed write, each pass
+                    # The delete is conditioned on the entry's absence, never
+                    # look-then-delete: a delivery stalled past the grace that
+                    # parks between the look and the delete would be acked with
+                    # its payload gone.
                     res = await self.storage.transact([Check(inbox_key, Expect(exists=False))], [Delete(key)])
                     if res.applied:
                         self.stats.blobs_swept += 1
