@@ -314,3 +314,25 @@ async def test_concurrent_pins_near_cap_one_effective_set(storage: Storage) -> N
         sets.append(([v.entry.id for v in views], allocated))
     winner = x.id if out1.pinned else y.id
     assert all(s == ([base.id, winner], 1900) for s in sets)
+
+
+async def test_import_validates_validity_and_supersedes_as_append_does(mem: MemoryStore, storage: Storage) -> None:
+    """An imported entry whose window is empty (valid_until not after
+    valid_from) would never be current, and one that supersedes itself would
+    retire itself for good (never listed, never forgettable): both are refused
+    naming the entry, as Append refuses them, and nothing of the call lands."""
+    before = await lane_len(storage)
+    for bad, field in [
+        (Entry("w", "window", 10, valid_from=200, valid_until=100), "entries[1].valid_until"),
+        (Entry("w", "window", 10, valid_from=200, valid_until=200), "entries[1].valid_until"),
+        (Entry("s", "self", 10, supersedes="s"), "entries[1].supersedes"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            await mem.import_entries(T, A, [Entry("ok", "fine", 1), bad])
+        assert (err.value.reason, err.value.field) == ("FIELD_INVALID", field)
+    assert await lane_len(storage) == before
+    # a window with one open bound, and a successor naming another entry, load
+    done = await mem.import_entries(
+        T, A, [Entry("old", "old", 1), Entry("new", "new", 2, valid_until=10**18, supersedes="old")]
+    )
+    assert done.imported == 2 and await ids(mem) == ["new"]

@@ -116,6 +116,13 @@ def check_about(about: Sequence[str], field_name: str = "about") -> None:
         raise limit_error(reasons.ABOUT_TOO_LARGE, field_name, ABOUT_MAX_BYTES, size, field=field_name)
 
 
+def check_window(valid_from: int | None, valid_until: int | None, field_name: str = "valid_until") -> None:
+    """A validity window must hold an instant: an entry whose `valid_until` is
+    not after its `valid_from` could never be current."""
+    if valid_from is not None and valid_until is not None and valid_until <= valid_from:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field_name} must be after valid_from", field=field_name)
+
+
 # -- tokenizer and matching ---------------------------------------------------------
 _TOKEN = re.compile(r"[^\W_]+")
 

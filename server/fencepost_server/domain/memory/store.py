@@ -254,14 +254,7 @@ class MemoryStore:
             raise InvalidArgument(reasons.FIELD_INVALID, f"unknown kind {options.kind!r}", field="kind")
         if options.trust is not None and options.trust not in rules.TRUST_LEVELS:
             raise InvalidArgument(reasons.FIELD_INVALID, f"unknown trust {options.trust!r}", field="provenance.trust")
-        if (
-            options.valid_from is not None
-            and options.valid_until is not None
-            and options.valid_until <= options.valid_from
-        ):
-            raise InvalidArgument(
-                reasons.FIELD_INVALID, "valid_until must be after valid_from", field="valid_until"
-            )
+        rules.check_window(options.valid_from, options.valid_until)
         fp = _fingerprint("append", content, about, options.kind, options.valid_from, options.valid_until,
                           options.supersedes, options.metadata, options.session_id, options.channel, options.trust)
         draft = Entry(
@@ -384,6 +377,11 @@ class MemoryStore:
                     reasons.FIELD_INVALID, f"{where}.created_at is required", field=f"{where}.created_at"
                 )
             rules.check_content(e.content, f"{where}.content")
+            rules.check_window(e.valid_from, e.valid_until, f"{where}.valid_until")
+            if e.supersedes is not None and e.supersedes == e.id:
+                raise InvalidArgument(
+                    reasons.FIELD_INVALID, f"{where} supersedes itself", field=f"{where}.supersedes"
+                )
             about = rules.clean_about(list(e.about))
             rules.check_about(about, f"{where}.about")
             entry = replace(
