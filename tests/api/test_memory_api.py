@@ -157,3 +157,21 @@ async def test_concurrent_pins_on_two_servers_one_effective_set(storage: Storage
 
 def test_sync_client_has_memory_methods() -> None:
     assert hasattr(fencepost.Client, "memory_append") and hasattr(fencepost.Client, "memory_list_all")
+
+
+async def test_record_too_large_is_a_declared_reason(client: fencepost.AsyncClient) -> None:
+    """Metadata can grow a record past what the lane holds: Append and Import
+    refuse it as RECORD_TOO_LARGE, a reason both RPCs declare."""
+    from fencepost.contract import declared_reasons
+
+    big = {"blob": "x" * 17_000}
+    with pytest.raises(errors.RecordTooLarge):
+        await client.memory_append(A, "small fact", metadata=big)
+    imported = pb.MemoryEntry(id="imp-1", content="small fact")
+    imported.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+    imported.metadata.update(big)
+    with pytest.raises(errors.RecordTooLarge):
+        await client.memory_import(A, [imported])
+    assert (await client.memory_list(A)).entries == []
+    for rpc in ("Append", "Import"):
+        assert "RECORD_TOO_LARGE" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ())

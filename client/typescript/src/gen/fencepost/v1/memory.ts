@@ -3861,7 +3861,9 @@ export const MemoryServiceService = {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4050,8 +4052,9 @@ export const MemoryServiceService = {
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: {
@@ -4098,7 +4101,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4185,8 +4190,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: handleUnaryCall<MemoryServiceImportRequest, MemoryServiceImportResponse>;
@@ -4211,7 +4217,9 @@ export interface MemoryServiceClient extends Client {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4438,8 +4446,9 @@ export interface MemoryServiceClient extends Client {
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import(
