@@ -336,3 +336,20 @@ async def test_import_validates_validity_and_supersedes_as_append_does(mem: Memo
         T, A, [Entry("old", "old", 1), Entry("new", "new", 2, valid_until=10**18, supersedes="old")]
     )
     assert done.imported == 2 and await ids(mem) == ["new"]
+
+
+async def test_a_replica_folded_before_an_erasure_does_not_serve_erased_entries(storage: Storage) -> None:
+    """The agent's lane is erased (every record deleted) and refilled through
+    another replica past the old head: a replica whose fold predates the
+    erasure starts over, never mixing erased entries into the new lane."""
+    r1, r2 = MemoryStore(storage), MemoryStore(storage)
+    for fact in ("erased one", "erased two", "erased three"):
+        await r1.append(T, A, fact)
+    assert len(await ids(r1)) == 3  # r1's fold is warm at head 3
+    lane = MemoryStore._root(T, A)
+    for key in await storage.list_keys(lane, None, 100):  # what an agent erasure sweeps
+        await storage.delete(key)
+    fresh = [await r2.append(T, A, f"new {i}") for i in range(4)]  # positions 1..4 again
+    listed = (await r1.list(T, A)).entries
+    assert [v.entry.content for v in listed] == [e.content for e in fresh]
+    assert (await r1.search(T, A, "erased")).entries == []

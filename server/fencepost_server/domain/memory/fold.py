@@ -138,6 +138,9 @@ class Fold:
 
     def __init__(self) -> None:
         self.head = 0
+        #: the stored bytes of the record at `head`, as the store last saw them
+        #: (how a catch-up tells the lane it folded from one erased and refilled)
+        self.head_raw = b""
         self.entries: dict[str, Entry] = {}
         self.tombstoned: set[str] = set()
         self.pins: dict[str, None] = {}  # pin order

@@ -180,11 +180,14 @@ class MemoryStore:
     async def _catch_up(self, tenant: str, agent: str, folded: Fold) -> None:
         lane = self._lane(tenant, agent)
         while True:
-            # listed from the fold's own head record: if that is gone, the lane was
-            # erased (AdminService) since it was folded, and the fold starts over
-            after = f"{lane}{folded.head - 1:020d}" if folded.head > 1 else None
+            # listed from the fold's own head record: if that is gone, or holds
+            # other bytes, the lane was erased (AdminService) since it was folded
+            # (and maybe refilled past that position through another replica),
+            # and the fold starts over
+            head, head_raw = folded.head, folded.head_raw
+            after = f"{lane}{head - 1:020d}" if head > 1 else None
             rows = await self.storage.list(lane, after, _CATCH_UP_PAGE)
-            if folded.head and (not rows or rows[0].key != f"{lane}{folded.head:020d}"):
+            if head and (not rows or rows[0].key != f"{lane}{head:020d}" or rows[0].value != head_raw):
                 folded.__init__()  # type: ignore[misc]
                 continue
             for row in rows:
@@ -193,6 +196,8 @@ class MemoryStore:
                 except ValueError:
                     continue
                 folded.apply(position, decode_record(row.value))
+                if position == folded.head:
+                    folded.head_raw = row.value
             if len(rows) < _CATCH_UP_PAGE:
                 return
 
@@ -217,6 +222,8 @@ class MemoryStore:
             if applied:
                 for i, rec in enumerate(decision.records):
                     folded.apply(base + i + 1, rec)
+                if folded.head == base + len(payloads):
+                    folded.head_raw = payloads[-1]
                 return decision.finish(folded)
             await self._catch_up(tenant, agent, folded)
         raise Aborted(reasons.TXN_CONTENDED, "the memory lane kept moving under this write; retry it")
