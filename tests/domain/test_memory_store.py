@@ -353,3 +353,17 @@ async def test_a_replica_folded_before_an_erasure_does_not_serve_erased_entries(
     listed = (await r1.list(T, A)).entries
     assert [v.entry.content for v in listed] == [e.content for e in fresh]
     assert (await r1.search(T, A, "erased")).entries == []
+
+
+async def test_content_is_required(mem: MemoryStore, storage: Storage) -> None:
+    """content is one of the four required fields: an empty fact is refused
+    (FIELD_INVALID), on Append and on Import, and nothing is written."""
+    before = await lane_len(storage)
+    with pytest.raises(InvalidArgument) as err:
+        await mem.append(T, A, "")
+    assert (err.value.reason, err.value.field) == ("FIELD_INVALID", "content")
+    with pytest.raises(InvalidArgument) as err:
+        await mem.import_entries(T, A, [Entry("ok", "fine", 1), Entry("empty", "", 2)])
+    assert (err.value.reason, err.value.field) == ("FIELD_INVALID", "entries[1].content")
+    assert await lane_len(storage) == before
+    assert (await mem.append(T, A, " ")).content == " "  # verbatim: only absence is refused

@@ -292,7 +292,7 @@ class MemoryEntry(_message.Message):
     agent_id: _builtins.str
     """The agent the entry belongs to."""
     content: _builtins.str
-    """The fact, at most 4096 UTF-8 bytes."""
+    """The fact, at most 4096 UTF-8 bytes; required (never empty)."""
     kind: Global___MemoryKind.ValueType
     """What sort of fact it is."""
     supersedes: _builtins.str
@@ -384,7 +384,9 @@ class MemoryServiceAppendRequest(_message.Message):
     agent_id: _builtins.str
     """The agent (one key segment)."""
     content: _builtins.str
-    """The fact, at most 4096 UTF-8 bytes (refused, never truncated)."""
+    """The fact: required (empty is FIELD_INVALID), at most 4096 UTF-8 bytes
+    (refused, never truncated).
+    """
     kind: Global___MemoryKind.ValueType
     """What sort of fact it is (optional)."""
     supersedes: _builtins.str

@@ -96,7 +96,10 @@ def utf8_len(text: str) -> int:
 
 
 def check_content(content: str, field_name: str = "content") -> None:
-    """Refuse (never truncate) content over the per-entry cap."""
+    """Refuse an empty fact (content is required, and proto3 cannot tell
+    empty from unset) and, never truncating, content over the per-entry cap."""
+    if not content:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field_name} must not be empty", field=field_name)
     size = utf8_len(content)
     if size > CONTENT_MAX_BYTES:
         raise limit_error(reasons.CONTENT_TOO_LARGE, field_name, CONTENT_MAX_BYTES, size, field=field_name)

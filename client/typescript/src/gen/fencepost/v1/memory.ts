@@ -368,7 +368,7 @@ export interface MemoryEntry {
   id: string;
   /** The agent the entry belongs to. */
   agentId: string;
-  /** The fact, at most 4096 UTF-8 bytes. */
+  /** The fact, at most 4096 UTF-8 bytes; required (never empty). */
   content: string;
   /** When it was written (transaction time). */
   createdAt:
@@ -420,7 +420,10 @@ export interface MemoryEntry {
 export interface MemoryServiceAppendRequest {
   /** The agent (one key segment). */
   agentId: string;
-  /** The fact, at most 4096 UTF-8 bytes (refused, never truncated). */
+  /**
+   * The fact: required (empty is FIELD_INVALID), at most 4096 UTF-8 bytes
+   * (refused, never truncated).
+   */
   content: string;
   /** What sort of fact it is (optional). */
   kind: MemoryKind;
