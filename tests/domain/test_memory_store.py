@@ -367,3 +367,19 @@ async def test_content_is_required(mem: MemoryStore, storage: Storage) -> None:
     assert (err.value.reason, err.value.field) == ("FIELD_INVALID", "entries[1].content")
     assert await lane_len(storage) == before
     assert (await mem.append(T, A, " ")).content == " "  # verbatim: only absence is refused
+
+
+async def test_a_pin_retried_with_its_request_id_reports_the_first_outcome(mem: MemoryStore, storage: Storage) -> None:
+    """The first attempt pinned the entry: a retry with the same request id
+    says so (pinned, no refusal) and records nothing, even after the pin was
+    removed or the entry forgotten in between."""
+    e = await mem.append(T, A, "fact")
+    first = await mem.pin(T, A, e.id, request_id="pin-1")
+    assert first.pinned and first.reason == ""
+    assert await mem.unpin(T, A, e.id)
+    size = await lane_len(storage)
+    retry = await mem.pin(T, A, e.id, request_id="pin-1")
+    assert (retry.pinned, retry.reason, retry.blocking_id) == (True, "", "")
+    assert await lane_len(storage) == size
+    assert await mem.forget(T, A, e.id)
+    assert (await MemoryStore(storage).pin(T, A, e.id, request_id="pin-1")).pinned  # another replica agrees

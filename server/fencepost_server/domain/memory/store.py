@@ -347,7 +347,9 @@ class MemoryStore:
 
         def decide(folded: Fold, at: int) -> _Decision:
             if self._replayed(folded, request_id, fp) is not None:
-                return _Decision([], outcome)
+                # a pin is recorded only when it was accepted: that was the first
+                # outcome, whatever was unpinned or forgotten since
+                return _Decision([], lambda f: PinOutcome(True, f.pin_budget().bytes))
             if not folded.is_live(entry_id, at):
                 raise NotFound(
                     reasons.ENTRY_NOT_FOUND, f"no live entry {entry_id!r} for this agent",
