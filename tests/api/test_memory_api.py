@@ -12,6 +12,8 @@ from fencepost import errors
 from fencepost.v1 import memory_pb2 as pb
 from fencepost_server.api.base import Caller
 from fencepost_server.storage import Storage
+from fencepost_server.storage.base import CasResult
+from fencepost_server.storage.memory import MemoryStorage
 from fencepost_server.app import App
 from fencepost_server.config import Settings
 from tests.conftest import running
@@ -175,3 +177,27 @@ async def test_record_too_large_is_a_declared_reason(client: fencepost.AsyncClie
     assert (await client.memory_list(A)).entries == []
     for rpc in ("Append", "Import"):
         assert "RECORD_TOO_LARGE" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ())
+
+
+class _LaneAlwaysTaken(MemoryStorage):
+    """Every append to a memory lane loses the race for its position (as
+    under a writer that always gets there first)."""
+
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        if "/memory/lane/" in key:
+            return CasResult(False, "v0")
+        return await super().put_if_absent(key, value)
+
+
+async def test_a_lane_that_keeps_moving_is_a_declared_txn_contended() -> None:
+    async with running(_LaneAlwaysTaken()) as srv, srv.client(timeout=30) as c:
+        with pytest.raises(errors.TxnContended):
+            await c.memory_append(A, "fact")
+        imported = pb.MemoryEntry(id="imp-1", content="fact")
+        imported.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+        with pytest.raises(errors.TxnContended):
+            await c.memory_import(A, [imported])
+    from fencepost.contract import declared_reasons
+
+    for rpc in ("Append", "Forget", "ReassertTrust", "Pin", "Unpin", "Import"):
+        assert "TXN_CONTENDED" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ()), rpc

@@ -185,7 +185,9 @@ class MemoryServiceServicer:
         PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
         trust label: drop the label or ask an operator; metadata `role`);
         INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-        included, is over 16320 bytes: shrink the metadata, nothing was written).
+        included, is over 16320 bytes: shrink the metadata, nothing was written);
+        ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+        write: retry it, with the same request_id).
         Idempotent when retried with the same request_id.
         Roles: service and operator; the operator trust label (provenance.trust)
         needs the operator role (a service token gets PERMISSION_DENIED /
@@ -222,7 +224,9 @@ class MemoryServiceServicer:
     def Forget(self, request, context):
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
-        Errors: the common ones. Idempotent with the same request_id.
+        Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+        lane kept moving under the write: retry it, with the same request_id).
+        Idempotent with the same request_id.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -245,7 +249,9 @@ class MemoryServiceServicer:
         """ReassertTrust sets the trust label of a live entry (un-tombstoned and
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
-        Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+        TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+        it, with the same request_id).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -259,7 +265,9 @@ class MemoryServiceServicer:
         later pin (unpin it to make room). Pins never evict; re-pinning a
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-        this agent with that id: re-read).
+        this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+        record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -268,7 +276,9 @@ class MemoryServiceServicer:
 
     def Unpin(self, request, context):
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-        holds no pin. Errors: the common ones.
+        holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -304,7 +314,8 @@ class MemoryServiceServicer:
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
         (an entry over 16384 bytes as recorded, metadata included) naming the
-        entry (nothing of the call is written).
+        entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under a chunk: re-run the import).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -81,7 +81,9 @@ class MemoryServiceStub:
     PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
     trust label: drop the label or ask an operator; metadata `role`);
     INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-    included, is over 16320 bytes: shrink the metadata, nothing was written).
+    included, is over 16320 bytes: shrink the metadata, nothing was written);
+    ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+    write: retry it, with the same request_id).
     Idempotent when retried with the same request_id.
     Roles: service and operator; the operator trust label (provenance.trust)
     needs the operator role (a service token gets PERMISSION_DENIED /
@@ -106,7 +108,9 @@ class MemoryServiceStub:
     Forget: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
-    Errors: the common ones. Idempotent with the same request_id.
+    Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+    lane kept moving under the write: retry it, with the same request_id).
+    Idempotent with the same request_id.
     Roles: service and operator.
     """
     Audit: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]
@@ -121,7 +125,9 @@ class MemoryServiceStub:
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
-    Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+    TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+    it, with the same request_id).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]
@@ -131,12 +137,16 @@ class MemoryServiceStub:
     later pin (unpin it to make room). Pins never evict; re-pinning a
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-    this agent with that id: re-read).
+    this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+    record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Unpin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-    holds no pin. Errors: the common ones.
+    holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Pinned: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]
@@ -160,7 +170,8 @@ class MemoryServiceStub:
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
     (an entry over 16384 bytes as recorded, metadata included) naming the
-    entry (nothing of the call is written).
+    entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under a chunk: re-run the import).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]
@@ -226,7 +237,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
     trust label: drop the label or ask an operator; metadata `role`);
     INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-    included, is over 16320 bytes: shrink the metadata, nothing was written).
+    included, is over 16320 bytes: shrink the metadata, nothing was written);
+    ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+    write: retry it, with the same request_id).
     Idempotent when retried with the same request_id.
     Roles: service and operator; the operator trust label (provenance.trust)
     needs the operator role (a service token gets PERMISSION_DENIED /
@@ -251,7 +264,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Forget: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]  # type: ignore[assignment]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
-    Errors: the common ones. Idempotent with the same request_id.
+    Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+    lane kept moving under the write: retry it, with the same request_id).
+    Idempotent with the same request_id.
     Roles: service and operator.
     """
     Audit: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]  # type: ignore[assignment]
@@ -266,7 +281,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
-    Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+    TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+    it, with the same request_id).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]  # type: ignore[assignment]
@@ -276,12 +293,16 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     later pin (unpin it to make room). Pins never evict; re-pinning a
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-    this agent with that id: re-read).
+    this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+    record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Unpin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]  # type: ignore[assignment]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-    holds no pin. Errors: the common ones.
+    holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Pinned: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]  # type: ignore[assignment]
@@ -305,7 +326,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Errors: the common ones; PERMISSION_DENIED (not an operator);
     CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
     (an entry over 16384 bytes as recorded, metadata included) naming the
-    entry (nothing of the call is written).
+    entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under a chunk: re-run the import).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]  # type: ignore[assignment]
@@ -374,7 +396,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
         trust label: drop the label or ask an operator; metadata `role`);
         INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-        included, is over 16320 bytes: shrink the metadata, nothing was written).
+        included, is over 16320 bytes: shrink the metadata, nothing was written);
+        ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+        write: retry it, with the same request_id).
         Idempotent when retried with the same request_id.
         Roles: service and operator; the operator trust label (provenance.trust)
         needs the operator role (a service token gets PERMISSION_DENIED /
@@ -417,7 +441,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceForgetResponse, _abc.Awaitable[_memory_pb2.MemoryServiceForgetResponse]]:
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
-        Errors: the common ones. Idempotent with the same request_id.
+        Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+        lane kept moving under the write: retry it, with the same request_id).
+        Idempotent with the same request_id.
         Roles: service and operator.
         """
 
@@ -444,7 +470,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReassertTrust sets the trust label of a live entry (un-tombstoned and
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
-        Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+        TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+        it, with the same request_id).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
@@ -460,7 +488,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         later pin (unpin it to make room). Pins never evict; re-pinning a
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-        this agent with that id: re-read).
+        this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+        record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
 
@@ -471,7 +501,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceUnpinResponse, _abc.Awaitable[_memory_pb2.MemoryServiceUnpinResponse]]:
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-        holds no pin. Errors: the common ones.
+        holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
 
@@ -513,7 +545,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
         (an entry over 16384 bytes as recorded, metadata included) naming the
-        entry (nothing of the call is written).
+        entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under a chunk: re-run the import).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 

@@ -3866,7 +3866,9 @@ export const MemoryServiceService = {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written).
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -3924,7 +3926,9 @@ export const MemoryServiceService = {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget: {
@@ -3961,7 +3965,9 @@ export const MemoryServiceService = {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: {
@@ -3984,7 +3990,9 @@ export const MemoryServiceService = {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin: {
@@ -4000,7 +4008,9 @@ export const MemoryServiceService = {
   },
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin: {
@@ -4057,7 +4067,8 @@ export const MemoryServiceService = {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
    * (an entry over 16384 bytes as recorded, metadata included) naming the
-   * entry (nothing of the call is written).
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: {
@@ -4106,7 +4117,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written).
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4134,7 +4147,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget: handleUnaryCall<MemoryServiceForgetRequest, MemoryServiceForgetResponse>;
@@ -4151,7 +4166,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: handleUnaryCall<MemoryServiceReassertTrustRequest, MemoryServiceReassertTrustResponse>;
@@ -4162,13 +4179,17 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin: handleUnaryCall<MemoryServicePinRequest, MemoryServicePinResponse>;
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin: handleUnaryCall<MemoryServiceUnpinRequest, MemoryServiceUnpinResponse>;
@@ -4195,7 +4216,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
    * (an entry over 16384 bytes as recorded, metadata included) naming the
-   * entry (nothing of the call is written).
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: handleUnaryCall<MemoryServiceImportRequest, MemoryServiceImportResponse>;
@@ -4222,7 +4244,9 @@ export interface MemoryServiceClient extends Client {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written).
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4292,7 +4316,9 @@ export interface MemoryServiceClient extends Client {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget(
@@ -4337,7 +4363,9 @@ export interface MemoryServiceClient extends Client {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust(
@@ -4362,7 +4390,9 @@ export interface MemoryServiceClient extends Client {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin(
@@ -4382,7 +4412,9 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin(
@@ -4451,7 +4483,8 @@ export interface MemoryServiceClient extends Client {
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
    * (an entry over 16384 bytes as recorded, metadata included) naming the
-   * entry (nothing of the call is written).
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import(
