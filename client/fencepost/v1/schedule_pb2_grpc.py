@@ -155,6 +155,9 @@ class ScheduleServiceServicer:
         Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
+        FAILED_PRECONDITION / REMINDER_IDS_EXHAUSTED (a record of the log named
+        the largest id, rem_9999999999999999999, metadata `last_id`: no reminder
+        can be created in this session, nothing is written);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
         Roles: service and operator.
         """

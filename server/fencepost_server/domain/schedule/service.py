@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from fencepost import reasons
 
-from ..errors import Aborted, InvalidArgument
+from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..ledger import Ledger
 from ..ledger.layout import gen_value, parse_seq, session_not_found
 from ..paging import page_size
@@ -42,6 +42,7 @@ from .records import (
     Fold,
     Reminder,
     encode,
+    format_id,
     id_number,
     is_safe_positive,
 )
@@ -215,7 +216,18 @@ class Schedule:
                     "after_seconds", {"after_seconds": after, "scheduled_at_ms": scheduled,
                                       "max_scheduled_at_ms": MAX_SCHEDULED_AT_MS},
                 )
-            return Create(f.next_id(), text, after, scheduled)
+            reminder_id = f.next_id()
+            if id_number(reminder_id) is None:
+                # past the largest id a record can carry: written anyway, the
+                # create would be acknowledged and then rejected by the fold
+                last = format_id(f.max_id)
+                raise FailedPrecondition(
+                    reasons.REMINDER_IDS_EXHAUSTED,
+                    f"a record of this session's log named {last}, the largest reminder id: "
+                    "no reminder can be created in this session",
+                    {"last_id": last},
+                )
+            return Create(reminder_id, text, after, scheduled)
 
         _, change, seq = await self._write(tenant, sid, generation, decide)
         assert isinstance(change, Create)

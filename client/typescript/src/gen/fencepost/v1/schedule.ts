@@ -1951,6 +1951,9 @@ export const ScheduleServiceService = {
    * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
+   * FAILED_PRECONDITION / REMINDER_IDS_EXHAUSTED (a record of the log named
+   * the largest id, rem_9999999999999999999, metadata `last_id`: no reminder
+   * can be created in this session, nothing is written);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
    * Roles: service and operator.
    */
@@ -2078,6 +2081,9 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
    * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
+   * FAILED_PRECONDITION / REMINDER_IDS_EXHAUSTED (a record of the log named
+   * the largest id, rem_9999999999999999999, metadata `last_id`: no reminder
+   * can be created in this session, nothing is written);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
    * Roles: service and operator.
    */
@@ -2151,6 +2157,9 @@ export interface ScheduleServiceClient extends Client {
    * Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
    * prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
    * (`generation` is not the current holder's: stop working on the session);
+   * FAILED_PRECONDITION / REMINDER_IDS_EXHAUSTED (a record of the log named
+   * the largest id, rem_9999999999999999999, metadata `last_id`: no reminder
+   * can be created in this session, nothing is written);
    * ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
    * Roles: service and operator.
    */
