@@ -383,3 +383,15 @@ async def test_a_pin_retried_with_its_request_id_reports_the_first_outcome(mem: 
     assert await lane_len(storage) == size
     assert await mem.forget(T, A, e.id)
     assert (await MemoryStore(storage).pin(T, A, e.id, request_id="pin-1")).pinned  # another replica agrees
+
+
+async def test_a_minted_id_is_never_one_an_imported_successor_names(mem: MemoryStore, storage: Storage) -> None:
+    """An imported entry may supersede an id the import did not carry (the
+    source agent's mem-5). A fact appended later must not be minted as mem-5:
+    the imported successor would retire it at birth (never listed, never
+    forgettable, never pinnable)."""
+    await mem.import_entries(T, A, [Entry("ext-1", "moved to Berlin", 10, supersedes="mem-5")])
+    made = [await mem.append(T, A, f"fact {i}") for i in range(6)]
+    assert "mem-5" not in [e.id for e in made]
+    assert await ids(mem) == ["ext-1", *(e.id for e in made)]
+    assert await ids(MemoryStore(storage)) == await ids(mem)  # a cold replica mints and folds alike
