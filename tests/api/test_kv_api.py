@@ -263,3 +263,21 @@ async def test_concurrent_cas_increments_through_the_server(client: fencepost.As
 
     await asyncio.gather(*(worker() for _ in range(8)))
     assert applied == 40 and (await client.get("n")).value == b"40"  # type: ignore[union-attr]
+
+
+async def test_txn_compare_value_is_held_to_the_value_limit(client: fencepost.AsyncClient, storage: Storage) -> None:
+    """No stored value can be over the value limit, so a compare against one
+    could never hold: it is refused as VALUE_TOO_LARGE on every backend (a
+    condition that large is more than DynamoDB takes in one expression), and
+    nothing is written. A compare value of exactly the limit is compared."""
+    limit = 256 * 1024
+    version = await client.put("cv", b"x" * limit)
+    with pytest.raises(errors.ValueTooLarge) as info:
+        await client.txn([fencepost.compare("cv", value=b"x" * (limit + 1))],
+                         [fencepost.put_op("cv", b"won")], [fencepost.put_op("cv-lost", b"lost")])
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert info.value.metadata["limit"] == str(limit) and info.value.metadata["size"] == str(limit + 1)
+    assert (await client.get("cv")).version == version  # type: ignore[union-attr]
+    assert await client.get("cv-lost") is None
+    held = await client.txn([fencepost.compare("cv", value=b"x" * limit)], [fencepost.put_op("cv", b"won")])
+    assert held.succeeded
