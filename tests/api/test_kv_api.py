@@ -281,3 +281,24 @@ async def test_txn_compare_value_is_held_to_the_value_limit(client: fencepost.As
     assert await client.get("cv-lost") is None
     held = await client.txn([fencepost.compare("cv", value=b"x" * limit)], [fencepost.put_op("cv", b"won")])
     assert held.succeeded
+
+
+async def test_txn_at_the_byte_limit_is_refused_with_limit_and_size(
+    client: fencepost.AsyncClient, storage: Storage
+) -> None:
+    """The 4 MiB transaction limit counts the transaction as stored: keys with
+    the server's tenant scope and a request_id's marker count too. A Txn
+    whose caller bytes alone fit but whose stored form does not is refused
+    like any Txn over the limit (TXN_TOO_LARGE with `limit` and `size`), and
+    writes nothing."""
+    limit = 4 * 1024 * 1024
+    big = 256 * 1024
+    keys = [f"b/{i:02d}" for i in range(16)]
+    values = [b"x" * big] * 15 + [b"x" * (big - sum(map(len, keys)) - 16)]
+    assert sum(map(len, keys)) + sum(map(len, values)) == limit - 16  # within the limit as sent
+    with pytest.raises(errors.TxnTooLarge) as info:
+        await client.txn([], [fencepost.put_op(k, v) for k, v in zip(keys, values, strict=True)])
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert info.value.metadata["limit"] == str(limit)
+    assert int(info.value.metadata["size"]) > limit
+    assert await _all_keys(storage) == []

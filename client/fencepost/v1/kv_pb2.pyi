@@ -559,7 +559,9 @@ class Compare(_message.Message):
     version: _builtins.str
     """The key must exist with this version."""
     value: _builtins.bytes
-    """The key must exist with exactly this value."""
+    """The key must exist with exactly this value (at most the value limit,
+    256 KiB: no stored value is larger).
+    """
     def __init__(
         self,
         *,

@@ -132,10 +132,14 @@ class KvServiceStub:
     when `request_id` is set (its marker travels in the same atomic write).
     Errors: the common ones (FIELD_INVALID also for an op that sets neither
     put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-    operations or the 4 MiB transaction byte limit; metadata `limit`,
-    `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-    keys kept changing under concurrent writers: retry the whole transaction).
+    operations or the 4 MiB transaction byte limit, which counts the
+    transaction as stored: keys with the server's tenant scope, values,
+    compare values and a request_id's marker; metadata `limit`, `size`);
+    INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+    over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+    named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+    TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+    retry the whole transaction).
     Roles: service and operator.
     """
 
@@ -243,10 +247,14 @@ class KvServiceAsyncStub(KvServiceStub):
     when `request_id` is set (its marker travels in the same atomic write).
     Errors: the common ones (FIELD_INVALID also for an op that sets neither
     put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-    operations or the 4 MiB transaction byte limit; metadata `limit`,
-    `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-    branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-    keys kept changing under concurrent writers: retry the whole transaction).
+    operations or the 4 MiB transaction byte limit, which counts the
+    transaction as stored: keys with the server's tenant scope, values,
+    compare values and a request_id's marker; metadata `limit`, `size`);
+    INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+    over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+    named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+    TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+    retry the whole transaction).
     Roles: service and operator.
     """
 
@@ -411,10 +419,14 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         when `request_id` is set (its marker travels in the same atomic write).
         Errors: the common ones (FIELD_INVALID also for an op that sets neither
         put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-        operations or the 4 MiB transaction byte limit; metadata `limit`,
-        `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-        branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-        keys kept changing under concurrent writers: retry the whole transaction).
+        operations or the 4 MiB transaction byte limit, which counts the
+        transaction as stored: keys with the server's tenant scope, values,
+        compare values and a request_id's marker; metadata `limit`, `size`);
+        INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+        over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+        named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+        TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+        retry the whole transaction).
         Roles: service and operator.
         """
 

@@ -202,7 +202,10 @@ export interface Compare {
   version?:
     | string
     | undefined;
-  /** The key must exist with exactly this value. */
+  /**
+   * The key must exist with exactly this value (at most the value limit,
+   * 256 KiB: no stored value is larger).
+   */
   value?: Buffer | undefined;
 }
 
@@ -2732,10 +2735,14 @@ export const KvServiceService = {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn: {
@@ -2825,10 +2832,14 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn: handleUnaryCall<TxnRequest, TxnResponse>;
@@ -3027,10 +3038,14 @@ export interface KvServiceClient extends Client {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn(request: TxnRequest, callback: (error: ServiceError | null, response: TxnResponse) => void): ClientUnaryCall;
