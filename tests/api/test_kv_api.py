@@ -302,3 +302,23 @@ async def test_txn_at_the_byte_limit_is_refused_with_limit_and_size(
     assert info.value.metadata["limit"] == str(limit)
     assert int(info.value.metadata["size"]) > limit
     assert await _all_keys(storage) == []
+
+
+async def test_txn_compare_on_an_empty_version_is_refused_as_put_if_version_is(
+    client: fencepost.AsyncClient, storage: Storage
+) -> None:
+    """No key ever has the empty version (CAS responses use it to say
+    "absent"), so a compare on it could never hold and the failure branch
+    would run every time: it is VERSION_INVALID, as an empty
+    expected_version is for PutIfVersion and DeleteIfVersion, and nothing is
+    written. Absence is `exists = false`."""
+    for compared in ("ev", "ev-missing"):
+        with pytest.raises(errors.VersionInvalid) as info:
+            await client.txn([fencepost.compare(compared, version="")],
+                             [fencepost.put_op("ev", b"won")], [fencepost.put_op("ev-lost", b"lost")])
+        assert info.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(errors.VersionInvalid):
+        await client.put_if_version("ev", b"won", "")
+    assert await _all_keys(storage) == []
+    absent = await client.txn([fencepost.compare("ev", exists=False)], [fencepost.put_op("ev", b"won")])
+    assert absent.succeeded

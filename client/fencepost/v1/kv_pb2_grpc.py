@@ -261,7 +261,9 @@ class KvServiceServicer:
         transaction as stored: keys with the server's tenant scope, values,
         compare values and a request_id's marker; metadata `limit`, `size`);
         INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
-        over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+        over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+        the empty version, which no key has: compare exists = false to require
+        absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
         named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
         TXN_CONTENDED (the compared keys kept changing under concurrent writers:
         retry the whole transaction).

@@ -217,10 +217,12 @@ class KvStore:
         refused_by = (result.found or {}).get(0)
         return CasOutcome(False, refused_by.version if refused_by else "")
 
-    def _check_version(self, expected: str) -> None:
+    def _check_version(self, expected: str, field: str = "expected_version") -> None:
         if not expected:
             raise InvalidArgument(
-                reasons.VERSION_INVALID, "expected_version must not be empty", field="expected_version"
+                reasons.VERSION_INVALID,
+                f"{field} must not be empty (no key has the empty version; absence is exists = false)",
+                field=field,
             )
 
     def _check_txn(
@@ -231,6 +233,9 @@ class KvStore:
         marker_ops = 2 if request_id else 0
         for i, c in enumerate(compares):
             check_key(c.key, self.limits, f"compares[{i}].key")
+            if c.expect.version == "":
+                # no key ever has it: the compare could never hold
+                self._check_version("", f"compares[{i}].version")
             if c.expect.value is not None:
                 # No stored value is larger, so such a compare could never
                 # hold; and DynamoDB takes less than the transaction limit in

@@ -198,7 +198,7 @@ export interface Compare {
   exists?:
     | boolean
     | undefined;
-  /** The key must exist with this version. */
+  /** The key must exist with this version (not empty: VERSION_INVALID). */
   version?:
     | string
     | undefined;
@@ -2739,7 +2739,9 @@ export const KvServiceService = {
    * transaction as stored: keys with the server's tenant scope, values,
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
-   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
@@ -2836,7 +2838,9 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * transaction as stored: keys with the server's tenant scope, values,
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
-   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
@@ -3042,7 +3046,9 @@ export interface KvServiceClient extends Client {
    * transaction as stored: keys with the server's tenant scope, values,
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
-   * over the value limit); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
