@@ -322,3 +322,31 @@ async def test_txn_compare_on_an_empty_version_is_refused_as_put_if_version_is(
     assert await _all_keys(storage) == []
     absent = await client.txn([fencepost.compare("ev", exists=False)], [fencepost.put_op("ev", b"won")])
     assert absent.succeeded
+
+
+async def test_list_pages_of_large_values_fit_in_a_response(client: fencepost.AsyncClient) -> None:
+    """A page is cut short (with a token) before it outgrows what one response
+    may carry: 40 values at the value limit are 10 MiB, over the 8 MiB message
+    limit, and listing them with the default page size used to fail the
+    whole listing with RESOURCE_EXHAUSTED. Every key still comes back once,
+    in order, through List and ListKeys alike."""
+    keys = [f"big/{i:02d}" for i in range(40)]
+    for key in keys:
+        await client.put(key, key.encode() * (256 * 1024 // 6))
+    first, token = await client.list_page("big/", page_size=100)
+    assert 0 < len(first) < len(keys) and token
+    listed = [e async for e in client.list("big/")]
+    assert [e.key for e in listed] == keys
+    assert all(e.value.startswith(e.key.encode()) for e in listed)
+    rest, _ = await client.list_page("big/", page_size=100, page_token=token)
+    assert [e.key for e in first + rest][:len(keys)] == keys[:len(first) + len(rest)]
+    assert [k async for k in client.list_keys("big/")] == keys
+
+
+async def test_list_pages_follow_a_lowered_message_limit(storage: Storage) -> None:
+    """With `--max-receive-bytes` lowered, pages shrink with it."""
+    async with running(storage, max_receive_bytes=1024 * 1024) as srv, srv.client() as c:
+        keys = [f"mid/{i}" for i in range(8)]
+        for key in keys:
+            await c.put(key, b"v" * (200 * 1024))
+        assert [e.key async for e in c.list("mid/")] == keys

@@ -186,7 +186,10 @@ class KvServiceServicer:
 
     def List(self, request, context):
         """List returns the entries under a prefix in key order, one page at a time
-        (AIP-158). An empty `next_page_token` is the only end signal.
+        (AIP-158). An empty `next_page_token` is the only end signal: a page may
+        hold fewer entries than `page_size`, as it ends before its keys and
+        values outgrow one response (4 MiB, or half the server's message limit
+        when that is lower).
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).

@@ -85,7 +85,10 @@ class KvServiceStub:
     """
     List: _grpc.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]
     """List returns the entries under a prefix in key order, one page at a time
-    (AIP-158). An empty `next_page_token` is the only end signal.
+    (AIP-158). An empty `next_page_token` is the only end signal: a page may
+    hold fewer entries than `page_size`, as it ends before its keys and
+    values outgrow one response (4 MiB, or half the server's message limit
+    when that is lower).
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -202,7 +205,10 @@ class KvServiceAsyncStub(KvServiceStub):
     """
     List: _aio.UnaryUnaryMultiCallable[_kv_pb2.ListRequest, _kv_pb2.ListResponse]  # type: ignore[assignment]
     """List returns the entries under a prefix in key order, one page at a time
-    (AIP-158). An empty `next_page_token` is the only end signal.
+    (AIP-158). An empty `next_page_token` is the only end signal: a page may
+    hold fewer entries than `page_size`, as it ends before its keys and
+    values outgrow one response (4 MiB, or half the server's message limit
+    when that is lower).
     Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
     INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
     prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -340,7 +346,10 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kv_pb2.ListResponse, _abc.Awaitable[_kv_pb2.ListResponse]]:
         """List returns the entries under a prefix in key order, one page at a time
-        (AIP-158). An empty `next_page_token` is the only end signal.
+        (AIP-158). An empty `next_page_token` is the only end signal: a page may
+        hold fewer entries than `page_size`, as it ends before its keys and
+        values outgrow one response (4 MiB, or half the server's message limit
+        when that is lower).
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
