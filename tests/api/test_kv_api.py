@@ -350,3 +350,23 @@ async def test_list_pages_follow_a_lowered_message_limit(storage: Storage) -> No
         for key in keys:
             await c.put(key, b"v" * (200 * 1024))
         assert [e.key async for e in c.list("mid/")] == keys
+
+
+async def test_every_write_takes_exactly_the_limits_with_a_request_id(client: fencepost.AsyncClient) -> None:
+    """A key of exactly 1024 UTF-8 bytes (four-byte characters up to the last
+    byte) and a value of exactly 256 KiB go through every write, each with a
+    request id (markers travel with the write: on DynamoDB a transaction,
+    kept with the row on SQLite), and a retry reports the first outcome."""
+    key, value = "😀" * 256, b"v" * (256 * 1024)
+    assert len(key.encode()) == 1024
+    created = await client.put_if_absent(key, value, request_id="lim-1")
+    assert created.applied
+    assert (await client.put_if_absent(key, value, request_id="lim-1")) == created
+    swapped = await client.put_if_version(key, value, created.version, request_id="lim-2")
+    assert swapped.applied
+    put = await client.put(key, value, request_id="lim-3")
+    txn = await client.txn([fencepost.compare(key, value=value)], [fencepost.put_op(key, value)], request_id="lim-4")
+    assert txn.succeeded and (await client.get(key)).version == txn.versions[0]  # type: ignore[union-attr]
+    assert await client.put(key, value, request_id="lim-3") == put
+    assert (await client.delete_if_version(key, txn.versions[0], request_id="lim-5")).applied
+    assert [e async for e in client.list(key[:100])] == []
