@@ -193,7 +193,8 @@ class KvStore:
         cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
         success_s = [_scope_write(keys, w) for w in success]
         failure_s = [_scope_write(keys, w) for w in failure]
-        fp = _fingerprint("txn", compares, success, failure)
+        # the fingerprint reprs every value (up to the 4 MiB limit): only a request id needs it
+        fp = _fingerprint("txn", compares, success, failure) if request_id else b""
         for _ in range(self._TXN_ATTEMPTS):
             try:
                 checks, writes = plan(cmp_scoped, success_s)
