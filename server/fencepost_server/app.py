@@ -134,7 +134,10 @@ ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]
 
 
 def _kv(ctx: AppContext, server: HandlerRegistry) -> str:
-    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests, ctx.pages)
+    limits = ctx.settings.limits
+    # a list page stays well inside the largest response the server may send
+    page_bytes = min(limits.max_page_bytes, ctx.settings.max_receive_bytes // 2)
+    kv = KvStore(ctx.storage, limits, ctx.requests, ctx.pages, page_bytes=page_bytes)
     kv_pb2_grpc.add_KvServiceServicer_to_server(KvServicer(kv, ctx.auth, ctx.observer), server)
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 

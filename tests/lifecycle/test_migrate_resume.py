@@ -126,3 +126,22 @@ async def test_an_unreadable_checkpoint_is_refused_clearly(tmp_path: Path) -> No
     proc = _migrate(source, f"sqlite://{tmp_path / 'target.db'}", work)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "checkpoint" in err and "unexpected" not in err
+
+
+async def test_a_replaced_target_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """The target emptied or created anew after a run copied into it (the
+    runbook's "empty the target" without "delete the work directory"): the
+    checkpoint still said the items were there, so the command skipped the
+    copy and failed verification (exit 5) on every run, without saying why."""
+    source = await _source(tmp_path / "source.db", 10)
+    target = tmp_path / "target.db"
+    work = tmp_path / "work"
+    proc = _migrate(source, f"sqlite://{target}", work)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{target}{suffix}").unlink(missing_ok=True)
+    proc = _migrate(source, f"sqlite://{target}", work)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "empty" in err and "10 items" in err and str(work) in err

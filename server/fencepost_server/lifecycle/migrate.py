@@ -176,6 +176,12 @@ async def migrate(
                                      "(or resumes its own interrupted run)", Exit.REFUSED)
             checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
             checkpoint.save()
+        elif checkpoint.copied and await is_empty(target):
+            # resuming would skip what the checkpoint says is there, and the
+            # verification would fail on every run without saying why
+            raise LifecycleError(f"{target_url} is empty, but the checkpoint in {work} says {checkpoint.copied} "
+                                 "items were copied to it: the target was replaced since. Delete that work "
+                                 "directory to migrate from the start", Exit.REFUSED)
         resumed_after = checkpoint.copied
         already_done = checkpoint.phase == "done"
         async with source(source_url, work / "source-snapshot.db", reuse=resumed_after > 0 or

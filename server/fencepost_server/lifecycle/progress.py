@@ -21,7 +21,9 @@ class Progress:
         self.tty = self.stream.isatty()
         self.interval = 0.1 if self.tty else interval
         self.started = time.monotonic()
-        self._shown = 0.0
+        # a terminal's bar is drawn at once; a log's first line comes after one
+        # interval, so a short run logs its final line only, not the same count twice
+        self._shown = 0.0 if self.tty else self.started
 
     def rate(self) -> float:
         elapsed = time.monotonic() - self.started
