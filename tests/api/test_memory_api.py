@@ -115,6 +115,19 @@ async def test_import_is_operator_and_idempotent(client: fencepost.AsyncClient) 
     assert (await client.memory_list(A)).entries[0].provenance.trust == pb.MEMORY_TRUST_OPERATOR
 
 
+async def test_audit_then_import_moves_an_agent_without_reviving_what_it_forgot(
+        client: fencepost.AsyncClient) -> None:
+    kept = await client.memory_append(A, "keep this")
+    gone = await client.memory_append(A, "forget this")
+    assert await client.memory_forget(A, gone.id)
+    audit = list((await client.memory_audit(A)).entries)
+    assert [e.forgotten for e in audit] == [False, True]
+    assert (await client.memory_import("agent-b", audit)).imported == 2
+    assert [e.id for e in (await client.memory_list("agent-b")).entries] == [kept.id]
+    assert [(e.id, e.forgotten) for e in (await client.memory_audit("agent-b")).entries] == [
+        (kept.id, False), (gone.id, True)]
+
+
 class _ServiceRole:
     def identify(self, context: object) -> Caller:
         return Caller(tenant="default", role="service", subject="svc")

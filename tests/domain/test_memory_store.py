@@ -395,3 +395,24 @@ async def test_a_minted_id_is_never_one_an_imported_successor_names(mem: MemoryS
     assert "mem-5" not in [e.id for e in made]
     assert await ids(mem) == ["ext-1", *(e.id for e in made)]
     assert await ids(MemoryStore(storage)) == await ids(mem)  # a cold replica mints and folds alike
+
+
+async def test_an_audit_import_round_trip_keeps_forgotten_entries_forgotten(mem: MemoryStore) -> None:
+    """Audit returns forgotten entries marked so; Import ignored the mark and
+    brought them back live in the target agent (a forgotten fact revived)."""
+    kept = await mem.append(T, A, "keep this")
+    gone = await mem.append(T, A, "forget this")
+    assert await mem.forget(T, A, gone.id)
+    audit = (await mem.audit(T, A)).entries
+    # over a chunk: a forgotten entry takes two records of a transaction
+    extra = [Entry(f"x{n:03d}", f"filler {n}", 10 + n) for n in range(120)]
+    out = await mem.import_entries(T, B, [v.entry for v in audit] + extra,
+                                   forgotten=[v.entry.id for v in audit if v.forgotten] + ["x050"])
+    assert out.imported == 122 and out.skipped == []
+    live = await ids(mem, B, size=1000)
+    assert kept.id in live and gone.id not in live and "x050" not in live and "x051" in live
+    marks = {v.entry.id: v.forgotten for v in (await mem.audit(T, B, size=1000)).entries}
+    assert marks[gone.id] and marks["x050"] and not marks[kept.id]
+    assert not await mem.forget(T, B, gone.id)  # nothing live to forget
+    again = await mem.import_entries(T, B, [v.entry for v in audit], forgotten=[gone.id])
+    assert again.imported == 0 and sorted(again.skipped) == sorted([kept.id, gone.id])

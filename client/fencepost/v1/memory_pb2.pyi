@@ -300,7 +300,9 @@ class MemoryEntry(_message.Message):
     validity: Global___MemoryValidity.ValueType
     """Output only: validity at the time of the read."""
     forgotten: _builtins.bool
-    """Output only: tombstoned by Forget (Audit only)."""
+    """Tombstoned by Forget (set on Audit results). On Import, an entry with
+    it set comes in tombstoned; elsewhere it is ignored.
+    """
     superseded: _builtins.bool
     """Output only: retired by a current successor at the time of the read."""
     position: _builtins.int

@@ -307,7 +307,9 @@ class MemoryServiceServicer:
 
     def Import(self, request, context):
         """Import appends entries verbatim (ids, timestamps, kinds, validity),
-        re-keyed to this agent, usage dropped. Ids the agent already holds are
+        re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+        Audit returns it) is imported tombstoned: never live, still in Audit.
+        Ids the agent already holds are
         skipped and reported, so re-running an import is a no-op. Needs the
         operator role. Entries are written in chunks of up to 100; a failed
         call may have landed a prefix: re-run it.

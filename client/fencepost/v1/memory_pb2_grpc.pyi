@@ -163,7 +163,9 @@ class MemoryServiceStub:
     """
     Import: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
-    re-keyed to this agent, usage dropped. Ids the agent already holds are
+    re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+    Audit returns it) is imported tombstoned: never live, still in Audit.
+    Ids the agent already holds are
     skipped and reported, so re-running an import is a no-op. Needs the
     operator role. Entries are written in chunks of up to 100; a failed
     call may have landed a prefix: re-run it.
@@ -319,7 +321,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     Import: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]  # type: ignore[assignment]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
-    re-keyed to this agent, usage dropped. Ids the agent already holds are
+    re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+    Audit returns it) is imported tombstoned: never live, still in Audit.
+    Ids the agent already holds are
     skipped and reported, so re-running an import is a no-op. Needs the
     operator role. Entries are written in chunks of up to 100; a failed
     call may have landed a prefix: re-run it.
@@ -538,7 +542,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceImportResponse, _abc.Awaitable[_memory_pb2.MemoryServiceImportResponse]]:
         """Import appends entries verbatim (ids, timestamps, kinds, validity),
-        re-keyed to this agent, usage dropped. Ids the agent already holds are
+        re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+        Audit returns it) is imported tombstoned: never live, still in Audit.
+        Ids the agent already holds are
         skipped and reported, so re-running an import is a no-op. Needs the
         operator role. Entries are written in chunks of up to 100; a failed
         call may have landed a prefix: re-run it.

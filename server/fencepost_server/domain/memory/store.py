@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -366,10 +366,15 @@ class MemoryStore:
         result: PinOutcome = await self._write(tenant, agent, decide)
         return result
 
-    async def import_entries(self, tenant: str, agent: str, entries: Sequence[Entry]) -> ImportResult:
+    async def import_entries(
+        self, tenant: str, agent: str, entries: Sequence[Entry], forgotten: Collection[str] = ()
+    ) -> ImportResult:
         """Append entries verbatim (validated first: a refusal writes nothing),
         skipping ids the agent already holds. Chunks of up to 100 records, each
-        one atomic transaction; a re-run is a no-op."""
+        one atomic transaction; a re-run is a no-op. An entry whose id is in
+        `forgotten` (Audit marks it so) comes in tombstoned, its forget record
+        in the same transaction: an Audit -> Import round trip never brings a
+        forgotten fact back."""
         check_agent(agent)
         if len(entries) > IMPORT_MAX_ENTRIES:
             raise InvalidArgument(
@@ -407,21 +412,22 @@ class MemoryStore:
             cleaned.append(entry)
         imported = 0
         skipped: list[str] = []
-        chunk_size = self.limits.max_txn_ops
-        for start in range(0, len(cleaned), chunk_size):
-            chunk = cleaned[start:start + chunk_size]
+        forgotten = frozenset(forgotten)
+        for chunk in _chunks(cleaned, forgotten, self.limits.max_txn_ops):
 
             def decide(folded: Fold, at: int, chunk: list[Entry] = chunk) -> _Decision:
-                fresh: list[Entry] = []
+                records: list[dict[str, Any]] = []
                 dup: list[str] = []
                 ids: set[str] = set()
                 for e in chunk:
                     if e.id in folded.entries or e.id in ids:
                         dup.append(e.id)
-                    else:
-                        ids.add(e.id)
-                        fresh.append(e)
-                return _Decision([entry_record(e) for e in fresh], lambda f: (len(fresh), dup))
+                        continue
+                    ids.add(e.id)
+                    records.append(entry_record(e))
+                    if e.id in forgotten:
+                        records.append({"t": FORGET, "id": e.id, "at": at})
+                return _Decision(records, lambda f, n=len(ids): (n, dup))
 
             n, dup = await self._write(tenant, agent, decide)
             imported += n
@@ -578,3 +584,17 @@ def _decode_usage(raw: bytes) -> Usage | None:
         return Usage(int(data["n"]), int(data["at"]))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _chunks(entries: list[Entry], forgotten: frozenset[str], records: int) -> list[list[Entry]]:
+    """Consecutive runs of entries whose records (two for a forgotten entry) fit one transaction."""
+    out: list[list[Entry]] = [[]]
+    used = 0
+    for e in entries:
+        need = 2 if e.id in forgotten else 1
+        if used + need > records and out[-1]:
+            out.append([])
+            used = 0
+        out[-1].append(e)
+        used += need
+    return out if out[0] else []

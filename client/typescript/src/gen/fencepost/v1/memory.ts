@@ -408,7 +408,10 @@ export interface MemoryEntry {
     | undefined;
   /** Output only: validity at the time of the read. */
   validity: MemoryValidity;
-  /** Output only: tombstoned by Forget (Audit only). */
+  /**
+   * Tombstoned by Forget (set on Audit results). On Import, an entry with
+   * it set comes in tombstoned; elsewhere it is ignored.
+   */
   forgotten: boolean;
   /** Output only: retired by a current successor at the time of the read. */
   superseded: boolean;
@@ -4060,7 +4063,9 @@ export const MemoryServiceService = {
   },
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
@@ -4209,7 +4214,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   topics: handleUnaryCall<MemoryServiceTopicsRequest, MemoryServiceTopicsResponse>;
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
@@ -4476,7 +4483,9 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
