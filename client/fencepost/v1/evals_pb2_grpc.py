@@ -199,6 +199,8 @@ class EvalServiceServicer:
         the newest update time are kept (ties broken by key). A run upserted
         while the prune runs is never removed (the delete is conditioned on the
         version that was read). An empty `next_page_token` is the only end signal.
+        A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+        (half the server's message limit when lower).
         Cost: PutEvalRun never prunes, so a first page reads every stored run and
         deletes, one call each, every run past the window: list now and then, or
         expect the first page after many puts to take a while (the later pages

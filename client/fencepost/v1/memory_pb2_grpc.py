@@ -202,7 +202,9 @@ class MemoryServiceServicer:
         """List returns live entries, oldest first. With `limit` it is the bounded
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-        (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        (AIP-158; a page ends before 4 MiB of entries, half the server's message
+        limit when lower, so it may hold fewer than page_size).
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -235,7 +237,8 @@ class MemoryServiceServicer:
 
     def Audit(self, request, context):
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record: it shows
+        first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+        The operator's view of the record: it shows
         what Forget hid, so it needs the operator role.
         Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
         PERMISSION_DENIED (not an operator).

@@ -94,7 +94,9 @@ class MemoryServiceStub:
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-    (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    (AIP-158; a page ends before 4 MiB of entries, half the server's message
+    limit when lower, so it may hold fewer than page_size).
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     Roles: service and operator.
     """
     Search: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]
@@ -115,7 +117,8 @@ class MemoryServiceStub:
     """
     Audit: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record: it shows
+    first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+    The operator's view of the record: it shows
     what Forget hid, so it needs the operator role.
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
     PERMISSION_DENIED (not an operator).
@@ -252,7 +255,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-    (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    (AIP-158; a page ends before 4 MiB of entries, half the server's message
+    limit when lower, so it may hold fewer than page_size).
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     Roles: service and operator.
     """
     Search: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]  # type: ignore[assignment]
@@ -273,7 +278,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     Audit: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]  # type: ignore[assignment]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record: it shows
+    first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+    The operator's view of the record: it shows
     what Forget hid, so it needs the operator role.
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
     PERMISSION_DENIED (not an operator).
@@ -419,7 +425,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """List returns live entries, oldest first. With `limit` it is the bounded
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-        (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        (AIP-158; a page ends before 4 MiB of entries, half the server's message
+        limit when lower, so it may hold fewer than page_size).
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         Roles: service and operator.
         """
 
@@ -458,7 +466,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceAuditResponse, _abc.Awaitable[_memory_pb2.MemoryServiceAuditResponse]]:
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record: it shows
+        first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+        The operator's view of the record: it shows
         what Forget hid, so it needs the operator role.
         Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
         PERMISSION_DENIED (not an operator).

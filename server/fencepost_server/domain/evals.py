@@ -36,7 +36,7 @@ from .errors import InvalidArgument, NotFound, limit_error
 from .keys import TenantKeys
 from .kv import _fingerprint
 from .limits import Limits
-from .paging import PageTokens, page_size
+from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from .requests import RequestLog
 
 DEFAULT_HISTORY_WINDOW = 50
@@ -241,6 +241,10 @@ class EvalStore:
             rows = await self.storage.list(prefix, prefix + after, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
+        # end the page before it outgrows one response (AIP-158: fewer than asked)
+        cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
+        if cut is not None:
+            rows, more = rows[:cut], True
         next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return RunPage([_run(r) for r in rows], next_token, pruned)
 

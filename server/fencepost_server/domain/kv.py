@@ -13,12 +13,9 @@ from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
 from .keys import TenantKeys, tenant_keys
 from .limits import Limits
-from .paging import PageTokens, page_size
+from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from .requests import RequestLog
 
-
-#: bytes a listed entry costs beyond its key and value (its version, field tags, lengths)
-_ENTRY_OVERHEAD = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +74,11 @@ class KvStore:
 
     def __init__(
         self, storage: Storage, limits: Limits, requests: RequestLog, pages: PageTokens | None = None,
-        *, page_bytes: int | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits
         self.requests = requests
         self.pages = pages or PageTokens.ephemeral()
-        #: the keys and values one list page may carry (the server passes less
-        #: when its message limit is lower)
-        self.page_bytes = limits.max_page_bytes if page_bytes is None else page_bytes
 
     # -- reads -------------------------------------------------------------
     async def get(self, tenant: str, key: str) -> Item | None:
@@ -114,12 +107,9 @@ class KvStore:
         # AIP-158 lets a page hold fewer than asked: end it before it outgrows
         # one response (1000 values at the limit are 256 MiB), never before
         # its first entry.
-        size = 0
-        for n, item in enumerate(items):
-            size += len(item.key.encode()) + len(item.value) + _ENTRY_OVERHEAD
-            if size > self.page_bytes and n:
-                items, more = items[:n], True
-                break
+        cut = fits((len(i.key.encode()) + len(i.value) + ENTRY_OVERHEAD for i in items), self.limits.max_page_bytes)
+        if cut is not None:
+            items, more = items[:cut], True
         token_out = await self.pages.issue(tenant, listing, items[-1].key) if more else ""
         return Page(items, token_out)
 

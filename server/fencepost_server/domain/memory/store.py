@@ -40,7 +40,7 @@ from ...storage import Expect, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys
 from ..limits import Limits
-from ..paging import PageTokens, page_size
+from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
 from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
 from .rules import Entry, Injection, Topic
@@ -460,10 +460,18 @@ class MemoryStore:
             return ReadResult([self._present(folded, e, at, view.superseded) for e in picked], truncated)
         listing = ("memory.list", agent, validity)
         start = await self._resume(tenant, listing, token, keys)
-        page = chrono[start:start + per_page]
-        more = start + per_page < len(chrono)
-        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
+        page, more = self._cut(chrono, start, per_page)
+        next_token = await self._next_token(tenant, listing, keys[start + len(page) - 1]) if more else ""
         return ReadResult([self._present(folded, e, at, view.superseded) for e in page], False, next_token)
+
+    def _cut(self, chrono: Sequence[Entry], start: int, per_page: int) -> tuple[Sequence[Entry], bool]:
+        """The page from `start`, ended early before it outgrows one response
+        (entries of up to 16 KiB as recorded); and whether more follow."""
+        page = chrono[start:start + per_page]
+        cut = fits(map(_entry_bytes, page), self.limits.max_page_bytes)
+        if cut is not None:
+            return page[:cut], True
+        return page, start + per_page < len(chrono)
 
     async def _next_token(self, tenant: str, listing: tuple[str, ...], last: tuple[int, str]) -> str:
         return await self.pages.issue(tenant, listing, json.dumps(last))
@@ -489,9 +497,8 @@ class MemoryStore:
         keys = [rules.chronology_key(e) for e in chrono]
         listing = ("memory.audit", agent)
         start = await self._resume(tenant, listing, token, keys)
-        page = chrono[start:start + per_page]
-        more = start + per_page < len(chrono)
-        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
+        page, more = self._cut(chrono, start, per_page)
+        next_token = await self._next_token(tenant, listing, keys[start + len(page) - 1]) if more else ""
         usage = await self._read_usage(tenant, agent, [e.id for e in page])
         return ReadResult(
             [self._present(folded, e, at, view.superseded, usage.get(e.id)) for e in page], False, next_token
@@ -584,6 +591,12 @@ def _decode_usage(raw: bytes) -> Usage | None:
         return Usage(int(data["n"]), int(data["at"]))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _entry_bytes(e: Entry) -> int:
+    """About what an entry takes in a response: its text, about keys and metadata."""
+    metadata = len(json.dumps(e.metadata)) if e.metadata else 0
+    return e.content_bytes + sum(map(len, e.about)) + metadata + 2 * ENTRY_OVERHEAD
 
 
 def _chunks(entries: list[Entry], forgotten: frozenset[str], records: int) -> list[list[Entry]]:

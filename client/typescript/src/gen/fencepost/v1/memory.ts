@@ -3893,7 +3893,9 @@ export const MemoryServiceService = {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list: {
@@ -3947,7 +3949,8 @@ export const MemoryServiceService = {
   },
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
@@ -4136,7 +4139,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list: handleUnaryCall<MemoryServiceListRequest, MemoryServiceListResponse>;
@@ -4160,7 +4165,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   forget: handleUnaryCall<MemoryServiceForgetRequest, MemoryServiceForgetResponse>;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
@@ -4279,7 +4285,9 @@ export interface MemoryServiceClient extends Client {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list(
@@ -4345,7 +4353,8 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
