@@ -49,3 +49,15 @@ async def test_memory_list_and_audit(storage: Storage) -> None:
             if not token:
                 break
         assert audited == ids
+
+
+async def test_ab_samples_and_reminders(storage: Storage) -> None:
+    async with running(storage, max_receive_bytes=LIMIT) as srv, srv.client(timeout=30) as c:
+        for n in range(8):
+            await c.put_ab_sample("agent", "exp", f"s{n}", {"blob": "x" * BIG})
+        assert len([s async for s in c.list_ab_samples("agent", "exp")]) == 8
+        sid = (await c.open_session("agent", "rem")).session_id
+        gen = (await c.acquire_lease(sid, "w", ttl=600)).generation
+        for n in range(8):
+            await c.create_reminder(sid, gen, f"{n} " + "p" * BIG, after_seconds=3600)
+        assert len([r async for r in c.list_reminders(sid)]) == 8

@@ -180,7 +180,9 @@ class ScheduleServiceServicer:
 
     def ListReminders(self, request, context):
         """ListReminders returns the active reminders in id order, each with its
-        status derived from the server's clock at the call (AIP-158 paging).
+        status derived from the server's clock at the call (AIP-158 paging; a
+        page ends before 4 MiB of prompts, half the server's message limit when
+        lower, so it may hold fewer than page_size).
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).

@@ -304,6 +304,9 @@ class EvalStore:
         rows = await self.storage.list(prefix, prefix + after if after is not None else None, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
+        cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
+        if cut is not None:
+            rows, more = rows[:cut], True
         next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return SamplePage([_sample(r) for r in rows], next_token)
 

@@ -31,7 +31,7 @@ from fencepost import reasons
 from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..ledger import Ledger
 from ..ledger.layout import gen_value, parse_seq, session_not_found
-from ..paging import page_size
+from ..paging import ENTRY_OVERHEAD, fits, page_size
 from .records import (
     MAX_AFTER_SECONDS,
     MAX_SCHEDULED_AT_MS,
@@ -160,6 +160,10 @@ class Schedule:
             items = [r for r in items if (id_number(r.id) or 0) > start]
         page = items[:limit]
         more = len(items) > limit
+        # a prompt may be as large as a log record: end the page before it outgrows one response
+        cut = fits((len(r.prompt.encode()) + ENTRY_OVERHEAD for r in page), self.ledger.limits.max_page_bytes)
+        if cut is not None:
+            page, more = page[:cut], True
         nxt = await self.ledger.pages.issue(tenant, listing, str(id_number(page[-1].id))) if more else ""
         rejected = [(r.seq, r.reason) for r in f.rejected] if after is None else []
         return Listing(page, f.seq, now, rejected, nxt)

@@ -1990,7 +1990,9 @@ export const ScheduleServiceService = {
   },
   /**
    * ListReminders returns the active reminders in id order, each with its
-   * status derived from the server's clock at the call (AIP-158 paging).
+   * status derived from the server's clock at the call (AIP-158 paging; a
+   * page ends before 4 MiB of prompts, half the server's message limit when
+   * lower, so it may hold fewer than page_size).
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
@@ -2100,7 +2102,9 @@ export interface ScheduleServiceServer extends UntypedServiceImplementation {
   deleteReminder: handleUnaryCall<DeleteReminderRequest, DeleteReminderResponse>;
   /**
    * ListReminders returns the active reminders in id order, each with its
-   * status derived from the server's clock at the call (AIP-158 paging).
+   * status derived from the server's clock at the call (AIP-158 paging; a
+   * page ends before 4 MiB of prompts, half the server's message limit when
+   * lower, so it may hold fewer than page_size).
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
@@ -2204,7 +2208,9 @@ export interface ScheduleServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * ListReminders returns the active reminders in id order, each with its
-   * status derived from the server's clock at the call (AIP-158 paging).
+   * status derived from the server's clock at the call (AIP-158 paging; a
+   * page ends before 4 MiB of prompts, half the server's message limit when
+   * lower, so it may hold fewer than page_size).
    * Any lease holder or none may call it.
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
    * without a token); the common ones (retry).
