@@ -552,7 +552,7 @@ class MemoryServiceSearchRequest(_message.Message):
     of the entry's content or about keys.
     """
     limit: _builtins.int
-    """0 = default (10); clamped to 1..50."""
+    """0 (or negative) = the default, 10; more than 50 reads as 50."""
     strategy: Global___MemoryStrategy.ValueType
     """The ordering asked for; unspecified is recency."""
     def __init__(

@@ -499,7 +499,7 @@ export interface MemoryServiceSearchRequest {
    * of the entry's content or about keys.
    */
   query: string;
-  /** 0 = default (10); clamped to 1..50. */
+  /** 0 (or negative) = the default, 10; more than 50 reads as 50. */
   limit: number;
   /** The ordering asked for; unspecified is recency. */
   strategy: MemoryStrategy;
