@@ -140,6 +140,7 @@ class SequenceMismatch(FailedPrecondition): """expected_seq is not the head: re-
 class InboxEntryGone(FailedPrecondition): """A consumed inbox id is not pending."""
 class InboxNotEmpty(FailedPrecondition): """Events are pending: drain them before releasing."""
 class SessionHasForks(FailedPrecondition): """The session has live forks: delete them, or ask for the descendants too."""
+class ReminderIdsExhausted(FailedPrecondition): """The session's log named the largest reminder id: no new reminder fits; final."""
 class BackendUnavailable(Unavailable): """The storage backend could not be reached; retry."""
 class PersistenceUncertain(Unavailable): """A write's outcome is unknown: re-read, or retry with the same request_id."""
 
@@ -179,6 +180,7 @@ BY_REASON: dict[str, type[FencepostError]] = {
     R.ENTRY_NOT_FOUND: EntryNotFound,
     R.RULE_UNSUPPORTED: RuleUnsupported,
     R.REMINDER_INVALID: ReminderInvalid,
+    R.REMINDER_IDS_EXHAUSTED: ReminderIdsExhausted,
     R.EVAL_RUN_NOT_FOUND: EvalRunNotFound,
     R.UNAUTHENTICATED: Unauthenticated,
     R.PERMISSION_DENIED: PermissionDenied,

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -52,6 +52,7 @@ from .auth import DefaultTenantAuthenticator
 from .config import Settings
 from .domain.erasure import Eraser
 from .domain.evals import EvalStore
+from .domain.limits import Limits
 from .domain.journal import Journal, JournalConfig
 from .domain.kv import KvStore
 from .domain.ledger import Ledger
@@ -88,6 +89,13 @@ class AppContext:
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
     shared: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> Limits:
+        """The settings' limits, with a list page kept well inside the largest
+        response this server may send (half of --max-receive-bytes)."""
+        limits = self.settings.limits
+        return replace(limits, max_page_bytes=min(limits.max_page_bytes, self.settings.max_receive_bytes // 2))
 
 
 class HandlerRegistry:
@@ -134,14 +142,14 @@ ServiceBuilder = Callable[[AppContext, HandlerRegistry], str]
 
 
 def _kv(ctx: AppContext, server: HandlerRegistry) -> str:
-    kv = KvStore(ctx.storage, ctx.settings.limits, ctx.requests, ctx.pages)
+    kv = KvStore(ctx.storage, ctx.limits, ctx.requests, ctx.pages)
     kv_pb2_grpc.add_KvServiceServicer_to_server(KvServicer(kv, ctx.auth, ctx.observer), server)
     return kv_pb2.DESCRIPTOR.services_by_name["KvService"].full_name
 
 
 def _evals(ctx: AppContext, server: HandlerRegistry) -> str:
     evals = EvalStore(
-        ctx.storage, ctx.settings.limits, ctx.requests, history_window=ctx.settings.eval_history_window,
+        ctx.storage, ctx.limits, ctx.requests, history_window=ctx.settings.eval_history_window,
         pages=ctx.pages,
     )
     evals_pb2_grpc.add_EvalServiceServicer_to_server(EvalServicer(evals, ctx.auth, ctx.observer), server)
@@ -149,7 +157,7 @@ def _evals(ctx: AppContext, server: HandlerRegistry) -> str:
 
 
 def _memory(ctx: AppContext, server: HandlerRegistry) -> str:
-    memory = MemoryStore(ctx.storage, ctx.settings.limits, pages=ctx.pages)
+    memory = MemoryStore(ctx.storage, ctx.limits, pages=ctx.pages)
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(memory, ctx.auth, ctx.observer), server)
     return memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -160,7 +168,7 @@ def _ledger_of(ctx: AppContext) -> Ledger:
     ledger: Ledger | None = ctx.shared.get("ledger")
     if ledger is None:
         ledger = Ledger(
-            ctx.storage, ctx.settings.limits, ctx.settings.ledger_config(), events=ctx.events, pages=ctx.pages
+            ctx.storage, ctx.limits, ctx.settings.ledger_config(), events=ctx.events, pages=ctx.pages
         )
         ctx.shared["ledger"] = ledger
         ctx.on_drain.append(ledger.janitor.drain)
@@ -185,7 +193,7 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, s.limits, config, requests=ctx.requests, pages=ctx.pages)
+        journal = Journal(ctx.storage, ctx.limits, config, requests=ctx.requests, pages=ctx.pages)
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal

@@ -8,6 +8,7 @@ sees exactly the bytes sent; every refusal is checked to write nothing.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import grpc
 import pytest
@@ -485,6 +486,15 @@ async def test_a_message_nested_past_the_decode_depth_is_refused_naming_the_fiel
         assert await snapshot(storage) == before
 
 
+
+async def _all_refused_by_field(srv: RunningServer, cases: list[tuple[str, Any, str, str]]) -> None:
+    """Each (method, request, field, reason) is INVALID_ARGUMENT naming that one field."""
+    for method, msg, field, reason in cases:
+        _, refusal = await raw_call(srv, method, msg.SerializeToString())
+        assert refusal is not None, method
+        assert (refusal.code, refusal.info.reason, refusal.fields) == (
+            grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+
 async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(storage: Storage) -> None:
     """A 500 KB holder id (kept in the lease item), EraseAgent name (kept in
     the operation's record) or Fork child_session_key answered INTERNAL on
@@ -511,11 +521,7 @@ async def test_holder_ids_and_erased_agent_names_are_bounded_on_every_backend(st
              ledger_pb2.ForkRequest(parent_session_id=sid, child_session_key=big), "child_session_key",
              reasons.FIELD_INVALID),
         ]
-        for method, msg, field, reason in cases:
-            _, refusal = await raw_call(srv, method, msg.SerializeToString())
-            assert refusal is not None, method
-            assert (refusal.code, refusal.info.reason, refusal.fields) == (
-                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        await _all_refused_by_field(srv, cases)
         assert await snapshot(storage) == before
         lease = await c.acquire_lease(sid, "h" * 1024)  # at the limit
         assert lease.holder_id == "h" * 1024
@@ -542,11 +548,7 @@ async def test_ids_with_a_trailing_newline_are_malformed(storage: Storage) -> No
                                       consume_inbox_ids=[inbox_id + "\n"]), "consume_inbox_ids",
              reasons.FIELD_INVALID),
         ]
-        for method, msg, field, reason in cases:
-            _, refusal = await raw_call(srv, method, msg.SerializeToString())
-            assert refusal is not None, method
-            assert (refusal.code, refusal.info.reason, refusal.fields) == (
-                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), method
+        await _all_refused_by_field(srv, cases)
         assert await snapshot(storage) == before
 
 

@@ -263,3 +263,110 @@ async def test_concurrent_cas_increments_through_the_server(client: fencepost.As
 
     await asyncio.gather(*(worker() for _ in range(8)))
     assert applied == 40 and (await client.get("n")).value == b"40"  # type: ignore[union-attr]
+
+
+async def test_txn_compare_value_is_held_to_the_value_limit(client: fencepost.AsyncClient, storage: Storage) -> None:
+    """No stored value can be over the value limit, so a compare against one
+    could never hold: it is refused as VALUE_TOO_LARGE on every backend (a
+    condition that large is more than DynamoDB takes in one expression), and
+    nothing is written. A compare value of exactly the limit is compared."""
+    limit = 256 * 1024
+    version = await client.put("cv", b"x" * limit)
+    with pytest.raises(errors.ValueTooLarge) as info:
+        await client.txn([fencepost.compare("cv", value=b"x" * (limit + 1))],
+                         [fencepost.put_op("cv", b"won")], [fencepost.put_op("cv-lost", b"lost")])
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert info.value.metadata["limit"] == str(limit) and info.value.metadata["size"] == str(limit + 1)
+    assert (await client.get("cv")).version == version  # type: ignore[union-attr]
+    assert await client.get("cv-lost") is None
+    held = await client.txn([fencepost.compare("cv", value=b"x" * limit)], [fencepost.put_op("cv", b"won")])
+    assert held.succeeded
+
+
+async def test_txn_at_the_byte_limit_is_refused_with_limit_and_size(
+    client: fencepost.AsyncClient, storage: Storage
+) -> None:
+    """The 4 MiB transaction limit counts the transaction as stored: keys with
+    the server's tenant scope and a request_id's marker count too. A Txn
+    whose caller bytes alone fit but whose stored form does not is refused
+    like any Txn over the limit (TXN_TOO_LARGE with `limit` and `size`), and
+    writes nothing."""
+    limit = 4 * 1024 * 1024
+    big = 256 * 1024
+    keys = [f"b/{i:02d}" for i in range(16)]
+    values = [b"x" * big] * 15 + [b"x" * (big - sum(map(len, keys)) - 16)]
+    assert sum(map(len, keys)) + sum(map(len, values)) == limit - 16  # within the limit as sent
+    with pytest.raises(errors.TxnTooLarge) as info:
+        await client.txn([], [fencepost.put_op(k, v) for k, v in zip(keys, values, strict=True)])
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert info.value.metadata["limit"] == str(limit)
+    assert int(info.value.metadata["size"]) > limit
+    assert await _all_keys(storage) == []
+
+
+async def test_txn_compare_on_an_empty_version_is_refused_as_put_if_version_is(
+    client: fencepost.AsyncClient, storage: Storage
+) -> None:
+    """No key ever has the empty version (CAS responses use it to say
+    "absent"), so a compare on it could never hold and the failure branch
+    would run every time: it is VERSION_INVALID, as an empty
+    expected_version is for PutIfVersion and DeleteIfVersion, and nothing is
+    written. Absence is `exists = false`."""
+    for compared in ("ev", "ev-missing"):
+        with pytest.raises(errors.VersionInvalid) as info:
+            await client.txn([fencepost.compare(compared, version="")],
+                             [fencepost.put_op("ev", b"won")], [fencepost.put_op("ev-lost", b"lost")])
+        assert info.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(errors.VersionInvalid):
+        await client.put_if_version("ev", b"won", "")
+    assert await _all_keys(storage) == []
+    absent = await client.txn([fencepost.compare("ev", exists=False)], [fencepost.put_op("ev", b"won")])
+    assert absent.succeeded
+
+
+async def test_list_pages_of_large_values_fit_in_a_response(client: fencepost.AsyncClient) -> None:
+    """A page is cut short (with a token) before it outgrows what one response
+    may carry: 40 values at the value limit are 10 MiB, over the 8 MiB message
+    limit, and listing them with the default page size used to fail the
+    whole listing with RESOURCE_EXHAUSTED. Every key still comes back once,
+    in order, through List and ListKeys alike."""
+    keys = [f"big/{i:02d}" for i in range(40)]
+    for key in keys:
+        await client.put(key, key.encode() * (256 * 1024 // 6))
+    first, token = await client.list_page("big/", page_size=100)
+    assert 0 < len(first) < len(keys) and token
+    listed = [e async for e in client.list("big/")]
+    assert [e.key for e in listed] == keys
+    assert all(e.value.startswith(e.key.encode()) for e in listed)
+    rest, _ = await client.list_page("big/", page_size=100, page_token=token)
+    assert [e.key for e in first + rest][:len(keys)] == keys[:len(first) + len(rest)]
+    assert [k async for k in client.list_keys("big/")] == keys
+
+
+async def test_list_pages_follow_a_lowered_message_limit(storage: Storage) -> None:
+    """With `--max-receive-bytes` lowered, pages shrink with it."""
+    async with running(storage, max_receive_bytes=1024 * 1024) as srv, srv.client() as c:
+        keys = [f"mid/{i}" for i in range(8)]
+        for key in keys:
+            await c.put(key, b"v" * (200 * 1024))
+        assert [e.key async for e in c.list("mid/")] == keys
+
+
+async def test_every_write_takes_exactly_the_limits_with_a_request_id(client: fencepost.AsyncClient) -> None:
+    """A key of exactly 1024 UTF-8 bytes (four-byte characters up to the last
+    byte) and a value of exactly 256 KiB go through every write, each with a
+    request id (markers travel with the write: on DynamoDB a transaction,
+    kept with the row on SQLite), and a retry reports the first outcome."""
+    key, value = "😀" * 256, b"v" * (256 * 1024)
+    assert len(key.encode()) == 1024
+    created = await client.put_if_absent(key, value, request_id="lim-1")
+    assert created.applied
+    assert (await client.put_if_absent(key, value, request_id="lim-1")) == created
+    swapped = await client.put_if_version(key, value, created.version, request_id="lim-2")
+    assert swapped.applied
+    put = await client.put(key, value, request_id="lim-3")
+    txn = await client.txn([fencepost.compare(key, value=value)], [fencepost.put_op(key, value)], request_id="lim-4")
+    assert txn.succeeded and (await client.get(key)).version == txn.versions[0]  # type: ignore[union-attr]
+    assert await client.put(key, value, request_id="lim-3") == put
+    assert (await client.delete_if_version(key, txn.versions[0], request_id="lim-5")).applied
+    assert [e async for e in client.list(key[:100])] == []

@@ -12,6 +12,8 @@ from fencepost import errors
 from fencepost.v1 import memory_pb2 as pb
 from fencepost_server.api.base import Caller
 from fencepost_server.storage import Storage
+from fencepost_server.storage.base import CasResult
+from fencepost_server.storage.memory import MemoryStorage
 from fencepost_server.app import App
 from fencepost_server.config import Settings
 from tests.conftest import running
@@ -113,6 +115,19 @@ async def test_import_is_operator_and_idempotent(client: fencepost.AsyncClient) 
     assert (await client.memory_list(A)).entries[0].provenance.trust == pb.MEMORY_TRUST_OPERATOR
 
 
+async def test_audit_then_import_moves_an_agent_without_reviving_what_it_forgot(
+        client: fencepost.AsyncClient) -> None:
+    kept = await client.memory_append(A, "keep this")
+    gone = await client.memory_append(A, "forget this")
+    assert await client.memory_forget(A, gone.id)
+    audit = list((await client.memory_audit(A)).entries)
+    assert [e.forgotten for e in audit] == [False, True]
+    assert (await client.memory_import("agent-b", audit)).imported == 2
+    assert [e.id for e in (await client.memory_list("agent-b")).entries] == [kept.id]
+    assert [(e.id, e.forgotten) for e in (await client.memory_audit("agent-b")).entries] == [
+        (kept.id, False), (gone.id, True)]
+
+
 class _ServiceRole:
     def identify(self, context: object) -> Caller:
         return Caller(tenant="default", role="service", subject="svc")
@@ -157,3 +172,45 @@ async def test_concurrent_pins_on_two_servers_one_effective_set(storage: Storage
 
 def test_sync_client_has_memory_methods() -> None:
     assert hasattr(fencepost.Client, "memory_append") and hasattr(fencepost.Client, "memory_list_all")
+
+
+async def test_record_too_large_is_a_declared_reason(client: fencepost.AsyncClient) -> None:
+    """Metadata can grow a record past what the lane holds: Append and Import
+    refuse it as RECORD_TOO_LARGE, a reason both RPCs declare."""
+    from fencepost.contract import declared_reasons
+
+    big = {"blob": "x" * 17_000}
+    with pytest.raises(errors.RecordTooLarge):
+        await client.memory_append(A, "small fact", metadata=big)
+    imported = pb.MemoryEntry(id="imp-1", content="small fact")
+    imported.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+    imported.metadata.update(big)
+    with pytest.raises(errors.RecordTooLarge):
+        await client.memory_import(A, [imported])
+    assert (await client.memory_list(A)).entries == []
+    for rpc in ("Append", "Import"):
+        assert "RECORD_TOO_LARGE" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ())
+
+
+class _LaneAlwaysTaken(MemoryStorage):
+    """Every append to a memory lane loses the race for its position (as
+    under a writer that always gets there first)."""
+
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        if "/memory/lane/" in key:
+            return CasResult(False, "v0")
+        return await super().put_if_absent(key, value)
+
+
+async def test_a_lane_that_keeps_moving_is_a_declared_txn_contended() -> None:
+    async with running(_LaneAlwaysTaken()) as srv, srv.client(timeout=30) as c:
+        with pytest.raises(errors.TxnContended):
+            await c.memory_append(A, "fact")
+        imported = pb.MemoryEntry(id="imp-1", content="fact")
+        imported.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+        with pytest.raises(errors.TxnContended):
+            await c.memory_import(A, [imported])
+    from fencepost.contract import declared_reasons
+
+    for rpc in ("Append", "Forget", "ReassertTrust", "Pin", "Unpin", "Import"):
+        assert "TXN_CONTENDED" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ()), rpc

@@ -220,3 +220,19 @@ async def test_unknown_durability_answers_persistence_uncertain(storage: Storage
             await c.create_reminder(sid, gen, "maybe", after_seconds=60)
         faulty.armed = False
         assert [r.prompt async for r in c.list_reminders(sid)] == ["maybe"]  # how the caller learns it landed
+
+
+async def test_used_up_reminder_ids_refuse_a_create_instead_of_losing_it(storage: Storage) -> None:
+    """A record of the log named the largest reminder id there is: the next
+    id cannot be written as one, so CreateReminder is refused (nothing is
+    written) rather than acknowledging a reminder its own fold rejects."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "ids")
+        top = b'{"record":{"v":1,"type":"dispatch","id":"rem_9999999999999999999"},"stream":"schedule/change"}'
+        await c.commit(sid, gen, 0, [top])
+        with pytest.raises(errors.ReminderIdsExhausted) as exc:
+            await c.create_reminder(sid, gen, "lost?", after_seconds=5)
+        assert exc.value.metadata["last_id"] == "rem_9999999999999999999"
+        assert (await c.get_session(sid)).seq == 1  # nothing was written
+        page = await c.list_reminders_page(sid)
+        assert list(page.reminders) == [] and len(page.rejected) == 1

@@ -234,3 +234,14 @@ async def test_forgetting_partitions_of_an_emptied_prefix(storage: Storage) -> N
     assert all(n.startswith("gone/sys/agentkit/v1/bot/") for n in await storage.partitions_under("gone/"))
     assert await storage.list_keys("kept/") == kept
     assert await storage.partitions_under("kept/") == kept_names
+
+
+async def test_list_with_no_room_returns_nothing(storage: Storage) -> None:
+    """`limit` is "at most": 0 or a negative limit lists nothing on every
+    backend (SQLite reads a negative LIMIT as no limit at all)."""
+    for key in ("lim/a", "lim/b"):
+        await storage.put(key, b"v")
+    for limit in (0, -1, -1000):
+        assert await storage.list("lim/", None, limit) == []
+        assert await storage.list_keys("lim/", None, limit) == []
+    assert [i.key for i in await storage.list("lim/", None, 1)] == ["lim/a"]

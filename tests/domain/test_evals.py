@@ -253,3 +253,20 @@ async def test_request_id_makes_a_retry_report_the_first_outcome(storage: Storag
     with pytest.raises(InvalidArgument) as exc:
         await evals.put_run(T, A, "r", {"a": 2}, request_id="req-1")
     assert exc.value.reason == reasons.REQUEST_ID_REUSED
+
+
+async def test_a_retry_reports_the_first_outcome_after_another_write(storage: Storage) -> None:
+    """AIP-155: a retry answers what the first attempt did, even when another
+    writer has since replaced the run or the snapshot (nothing is written again)."""
+    evals = store(storage)
+    first = await evals.put_run(T, A, "r", {"a": 1}, request_id="req-run")
+    await evals.put_run(T, A, "r", {"a": 2})  # another writer, later
+    retry = await evals.put_run(T, A, "r", {"a": 1}, request_id="req-run")
+    assert (retry.snapshot, retry.updated_ns) == ({"a": 1}, first.updated_ns)
+    assert (await evals.get_run(T, A, "r")).snapshot == {"a": 2}
+
+    first_ns = await evals.put_snapshot(T, A, {"s": 1}, request_id="req-snap")
+    later_ns = await evals.put_snapshot(T, A, {"s": 2})
+    assert await evals.put_snapshot(T, A, {"s": 1}, request_id="req-snap") == first_ns != later_ns
+    snap = await evals.get_snapshot(T, A)
+    assert snap is not None and snap.snapshot == {"s": 2}

@@ -314,3 +314,105 @@ async def test_concurrent_pins_near_cap_one_effective_set(storage: Storage) -> N
         sets.append(([v.entry.id for v in views], allocated))
     winner = x.id if out1.pinned else y.id
     assert all(s == ([base.id, winner], 1900) for s in sets)
+
+
+async def test_import_validates_validity_and_supersedes_as_append_does(mem: MemoryStore, storage: Storage) -> None:
+    """An imported entry whose window is empty (valid_until not after
+    valid_from) would never be current, and one that supersedes itself would
+    retire itself for good (never listed, never forgettable): both are refused
+    naming the entry, as Append refuses them, and nothing of the call lands."""
+    before = await lane_len(storage)
+    for bad, field in [
+        (Entry("w", "window", 10, valid_from=200, valid_until=100), "entries[1].valid_until"),
+        (Entry("w", "window", 10, valid_from=200, valid_until=200), "entries[1].valid_until"),
+        (Entry("s", "self", 10, supersedes="s"), "entries[1].supersedes"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            await mem.import_entries(T, A, [Entry("ok", "fine", 1), bad])
+        assert (err.value.reason, err.value.field) == ("FIELD_INVALID", field)
+    assert await lane_len(storage) == before
+    # a window with one open bound, and a successor naming another entry, load
+    done = await mem.import_entries(
+        T, A, [Entry("old", "old", 1), Entry("new", "new", 2, valid_until=10**18, supersedes="old")]
+    )
+    assert done.imported == 2 and await ids(mem) == ["new"]
+
+
+async def test_a_replica_folded_before_an_erasure_does_not_serve_erased_entries(storage: Storage) -> None:
+    """The agent's lane is erased (every record deleted) and refilled through
+    another replica past the old head: a replica whose fold predates the
+    erasure starts over, never mixing erased entries into the new lane."""
+    r1, r2 = MemoryStore(storage), MemoryStore(storage)
+    for fact in ("erased one", "erased two", "erased three"):
+        await r1.append(T, A, fact)
+    assert len(await ids(r1)) == 3  # r1's fold is warm at head 3
+    lane = MemoryStore._root(T, A)
+    for key in await storage.list_keys(lane, None, 100):  # what an agent erasure sweeps
+        await storage.delete(key)
+    fresh = [await r2.append(T, A, f"new {i}") for i in range(4)]  # positions 1..4 again
+    listed = (await r1.list(T, A)).entries
+    assert [v.entry.content for v in listed] == [e.content for e in fresh]
+    assert (await r1.search(T, A, "erased")).entries == []
+
+
+async def test_content_is_required(mem: MemoryStore, storage: Storage) -> None:
+    """content is one of the four required fields: an empty fact is refused
+    (FIELD_INVALID), on Append and on Import, and nothing is written."""
+    before = await lane_len(storage)
+    with pytest.raises(InvalidArgument) as err:
+        await mem.append(T, A, "")
+    assert (err.value.reason, err.value.field) == ("FIELD_INVALID", "content")
+    with pytest.raises(InvalidArgument) as err:
+        await mem.import_entries(T, A, [Entry("ok", "fine", 1), Entry("empty", "", 2)])
+    assert (err.value.reason, err.value.field) == ("FIELD_INVALID", "entries[1].content")
+    assert await lane_len(storage) == before
+    assert (await mem.append(T, A, " ")).content == " "  # verbatim: only absence is refused
+
+
+async def test_a_pin_retried_with_its_request_id_reports_the_first_outcome(mem: MemoryStore, storage: Storage) -> None:
+    """The first attempt pinned the entry: a retry with the same request id
+    says so (pinned, no refusal) and records nothing, even after the pin was
+    removed or the entry forgotten in between."""
+    e = await mem.append(T, A, "fact")
+    first = await mem.pin(T, A, e.id, request_id="pin-1")
+    assert first.pinned and first.reason == ""
+    assert await mem.unpin(T, A, e.id)
+    size = await lane_len(storage)
+    retry = await mem.pin(T, A, e.id, request_id="pin-1")
+    assert (retry.pinned, retry.reason, retry.blocking_id) == (True, "", "")
+    assert await lane_len(storage) == size
+    assert await mem.forget(T, A, e.id)
+    assert (await MemoryStore(storage).pin(T, A, e.id, request_id="pin-1")).pinned  # another replica agrees
+
+
+async def test_a_minted_id_is_never_one_an_imported_successor_names(mem: MemoryStore, storage: Storage) -> None:
+    """An imported entry may supersede an id the import did not carry (the
+    source agent's mem-5). A fact appended later must not be minted as mem-5:
+    the imported successor would retire it at birth (never listed, never
+    forgettable, never pinnable)."""
+    await mem.import_entries(T, A, [Entry("ext-1", "moved to Berlin", 10, supersedes="mem-5")])
+    made = [await mem.append(T, A, f"fact {i}") for i in range(6)]
+    assert "mem-5" not in [e.id for e in made]
+    assert await ids(mem) == ["ext-1", *(e.id for e in made)]
+    assert await ids(MemoryStore(storage)) == await ids(mem)  # a cold replica mints and folds alike
+
+
+async def test_an_audit_import_round_trip_keeps_forgotten_entries_forgotten(mem: MemoryStore) -> None:
+    """Audit returns forgotten entries marked so; Import ignored the mark and
+    brought them back live in the target agent (a forgotten fact revived)."""
+    kept = await mem.append(T, A, "keep this")
+    gone = await mem.append(T, A, "forget this")
+    assert await mem.forget(T, A, gone.id)
+    audit = (await mem.audit(T, A)).entries
+    # over a chunk: a forgotten entry takes two records of a transaction
+    extra = [Entry(f"x{n:03d}", f"filler {n}", 10 + n) for n in range(120)]
+    out = await mem.import_entries(T, B, [v.entry for v in audit] + extra,
+                                   forgotten=[v.entry.id for v in audit if v.forgotten] + ["x050"])
+    assert out.imported == 122 and out.skipped == []
+    live = await ids(mem, B, size=1000)
+    assert kept.id in live and gone.id not in live and "x050" not in live and "x051" in live
+    marks = {v.entry.id: v.forgotten for v in (await mem.audit(T, B, size=1000)).entries}
+    assert marks[gone.id] and marks["x050"] and not marks[kept.id]
+    assert not await mem.forget(T, B, gone.id)  # nothing live to forget
+    again = await mem.import_entries(T, B, [v.entry for v in audit], forgotten=[gone.id])
+    assert again.imported == 0 and sorted(again.skipped) == sorted([kept.id, gone.id])

@@ -302,3 +302,21 @@ def test_the_sdk_makes_uuid7_request_ids_in_time_order() -> None:
     assert [rid[:13] for rid in ids] == sorted(rid[:13] for rid in ids)
     assert UUID7.fullmatch(_rid(None)) and UUID7.fullmatch(memory_rid(None)) and _rid("mine") == "mine"
     assert not UUID7.fullmatch(str(uuid.uuid4())) and not UUID7.fullmatch(uuid.uuid4().hex)
+
+
+async def test_a_txn_without_a_request_id_computes_no_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fingerprint reprs every value of the transaction (up to 4 MiB) and
+    # only a request id's marker keeps it
+    from fencepost_server.domain import kv as kv_module
+    from fencepost_server.storage.memory import MemoryStorage
+
+    def refuse(*parts: object) -> bytes:
+        raise AssertionError("fingerprint computed")
+
+    storage = MemoryStorage()
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    monkeypatch.setattr(kv_module, "_fingerprint", refuse)
+    out = await kv.txn("t", [Compare("k", Expect(exists=False))], [Put("k", b"v" * 1000)], [])
+    assert out.succeeded
+    with pytest.raises(AssertionError, match="fingerprint computed"):
+        await kv.txn("t", [], [Put("k2", b"v")], [], request_id="rid-1")

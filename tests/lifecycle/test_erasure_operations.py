@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -105,3 +106,18 @@ async def test_a_request_id_never_returns_another_scopes_operation(storage: Stor
     await eraser.run_pending()
     assert (await eraser.get(T, tenant_op.name)).sessions_fenced == 1
     assert raw_keys_naming(storage, "tenant/") == []
+
+
+async def test_the_log_says_when_an_erasure_starts_and_ends_without_naming_its_scope(
+        storage: Storage, caplog: pytest.LogCaptureFixture) -> None:
+    # an operator's audit trail had only metrics; the lines name the operation, never the agent
+    caplog.set_level(logging.INFO, logger="fencepost.erasure")
+    ledger = Ledger(storage)
+    await _agent_with_sessions(ledger, "secret-agent-name", 2)
+    eraser = Eraser(storage, ledger)
+    op = await eraser.start(T, "secret-agent-name", "")
+    await eraser.run_pending()
+    lines = [r.getMessage() for r in caplog.records if r.name == "fencepost.erasure"]
+    assert f"erasure {op.name} started (agent scope)" in lines
+    assert any(line.startswith(f"erasure {op.name} done: 2 sessions fenced, ") for line in lines)
+    assert not any("secret-agent-name" in line for line in lines)

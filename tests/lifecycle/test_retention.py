@@ -4,6 +4,7 @@ sessions, old archives and expired markers disappear, and nothing else does."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -101,9 +102,11 @@ async def test_off_by_default(storage: Storage) -> None:
     assert counts.agents_visited == 0 and raw_items(storage) == before
 
 
-async def test_the_server_sweeps_idle_sessions_on_its_own(storage: Storage) -> None:
+async def test_the_server_sweeps_idle_sessions_on_its_own(storage: Storage, caplog: pytest.LogCaptureFixture) -> None:
     """Through the real server, real clock: the retention loop erases the idle
-    session on a pass of its own and leaves the fresh one."""
+    session on a pass of its own, leaves the fresh one, and says so in the log
+    (a pass erased silently: only a metric told the operator)."""
+    caplog.set_level(logging.INFO, logger="fencepost.retention")
     async with running(storage, retain_idle_sessions_seconds=2.0, retention_seconds=0.2) as srv:
         async with srv.client(timeout=10.0) as client:
             idle = (await client.open_session("agent", "idle")).session_id
@@ -116,6 +119,7 @@ async def test_the_server_sweeps_idle_sessions_on_its_own(storage: Storage) -> N
             with pytest.raises(errors.SessionNotFound):
                 await client.get_session(idle)
             assert (await client.get_session(fresh)).session_id == fresh
+    assert any(r.getMessage().startswith("retention pass: 1 idle sessions erased") for r in caplog.records)
 
 
 async def test_a_session_taken_up_during_the_idle_check_is_not_erased(storage: Storage) -> None:

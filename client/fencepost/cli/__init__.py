@@ -1,4 +1,4 @@
-"""The operator CLI over the client SDK: `fencepost kv|ledger|journal|memory ...`.
+"""The operator CLI over the client SDK: `fencepost kv|ledger|journal|memory|admin ...`.
 
 It talks gRPC only (never server internals), so a client-only install has it
 as `fencepostctl` / `python -m fencepost`; the server's `fencepost` command
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from . import journal, kv, ledger, memory
+from . import admin, journal, kv, ledger, memory
 from .args import Parser, add_version_flag
 from ._common import DEFAULT_ENDPOINT, ENV_ENDPOINT, ENV_TOKEN, Exit, LeafParser, common_parser, exit_code_for, run
 
@@ -22,9 +22,9 @@ __all__ = ["Exit", "register", "build_parser", "main", "amain", "exit_code_for",
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the client subcommands (kv, ledger, journal, memory) to a parser's subcommands."""
+    """Add the client subcommands (kv, ledger, journal, memory, admin) to a parser's subcommands."""
     parents = [common_parser()]
-    for module in (kv, ledger, journal, memory):
+    for module in (kv, ledger, journal, memory, admin):
         module.register(sub, parents, LeafParser)
 
 

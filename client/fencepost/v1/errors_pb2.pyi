@@ -130,6 +130,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_OPERATION_NOT_FOUND: _ErrorReason.ValueType  # 39
     """NOT_FOUND: no such long-running operation for this tenant (metadata `name`)."""
+    ERROR_REASON_REMINDER_IDS_EXHAUSTED: _ErrorReason.ValueType  # 40
+    """FAILED_PRECONDITION: a record of the session's log named the largest
+    reminder id (metadata `last_id`), so no new reminder id can be written;
+    final for the session: keep reminders in another session.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is every `google.rpc.ErrorInfo.reason` the server returns
@@ -250,6 +255,11 @@ descendants to be deleted too.
 """
 ERROR_REASON_OPERATION_NOT_FOUND: ErrorReason.ValueType  # 39
 """NOT_FOUND: no such long-running operation for this tenant (metadata `name`)."""
+ERROR_REASON_REMINDER_IDS_EXHAUSTED: ErrorReason.ValueType  # 40
+"""FAILED_PRECONDITION: a record of the session's log named the largest
+reminder id (metadata `last_id`), so no new reminder id can be written;
+final for the session: keep reminders in another session.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 COMMON_REASONS_FIELD_NUMBER: _builtins.int

@@ -199,6 +199,8 @@ class EvalServiceServicer:
         the newest update time are kept (ties broken by key). A run upserted
         while the prune runs is never removed (the delete is conditioned on the
         version that was read). An empty `next_page_token` is the only end signal.
+        A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+        (half the server's message limit when lower).
         Cost: PutEvalRun never prunes, so a first page reads every stored run and
         deletes, one call each, every run past the window: list now and then, or
         expect the first page after many puts to take a while (the later pages
@@ -230,7 +232,9 @@ class EvalServiceServicer:
     def ListAbSamples(self, request, context):
         """ListAbSamples returns the samples of one experiment (optionally of one
         session) in key order: by encoded session id, then by `at`. Paginated
-        (AIP-158); an empty `next_page_token` is the only end signal.
+        (AIP-158); an empty `next_page_token` is the only end signal. A page may
+        hold fewer samples than page_size: it ends before 4 MiB of samples (half
+        the server's message limit when lower).
         Errors: the common ones; FIELD_INVALID when experiment is empty;
         PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
         Roles: service and operator.

@@ -100,6 +100,8 @@ class EvalServiceStub:
     the newest update time are kept (ties broken by key). A run upserted
     while the prune runs is never removed (the delete is conditioned on the
     version that was read). An empty `next_page_token` is the only end signal.
+    A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+    (half the server's message limit when lower).
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
@@ -123,7 +125,9 @@ class EvalServiceStub:
     ListAbSamples: _grpc.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]
     """ListAbSamples returns the samples of one experiment (optionally of one
     session) in key order: by encoded session id, then by `at`. Paginated
-    (AIP-158); an empty `next_page_token` is the only end signal.
+    (AIP-158); an empty `next_page_token` is the only end signal. A page may
+    hold fewer samples than page_size: it ends before 4 MiB of samples (half
+    the server's message limit when lower).
     Errors: the common ones; FIELD_INVALID when experiment is empty;
     PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
     Roles: service and operator.
@@ -214,6 +218,8 @@ class EvalServiceAsyncStub(EvalServiceStub):
     the newest update time are kept (ties broken by key). A run upserted
     while the prune runs is never removed (the delete is conditioned on the
     version that was read). An empty `next_page_token` is the only end signal.
+    A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+    (half the server's message limit when lower).
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
@@ -237,7 +243,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
     ListAbSamples: _aio.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]  # type: ignore[assignment]
     """ListAbSamples returns the samples of one experiment (optionally of one
     session) in key order: by encoded session id, then by `at`. Paginated
-    (AIP-158); an empty `next_page_token` is the only end signal.
+    (AIP-158); an empty `next_page_token` is the only end signal. A page may
+    hold fewer samples than page_size: it ends before 4 MiB of samples (half
+    the server's message limit when lower).
     Errors: the common ones; FIELD_INVALID when experiment is empty;
     PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
     Roles: service and operator.
@@ -349,6 +357,8 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         the newest update time are kept (ties broken by key). A run upserted
         while the prune runs is never removed (the delete is conditioned on the
         version that was read). An empty `next_page_token` is the only end signal.
+        A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+        (half the server's message limit when lower).
         Cost: PutEvalRun never prunes, so a first page reads every stored run and
         deletes, one call each, every run past the window: list now and then, or
         expect the first page after many puts to take a while (the later pages
@@ -384,7 +394,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_evals_pb2.ListAbSamplesResponse, _abc.Awaitable[_evals_pb2.ListAbSamplesResponse]]:
         """ListAbSamples returns the samples of one experiment (optionally of one
         session) in key order: by encoded session id, then by `at`. Paginated
-        (AIP-158); an empty `next_page_token` is the only end signal.
+        (AIP-158); an empty `next_page_token` is the only end signal. A page may
+        hold fewer samples than page_size: it ends before 4 MiB of samples (half
+        the server's message limit when lower).
         Errors: the common ones; FIELD_INVALID when experiment is empty;
         PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
         Roles: service and operator.

@@ -557,9 +557,11 @@ class Compare(_message.Message):
     exists: _builtins.bool
     """True: the key must exist; false: it must be absent."""
     version: _builtins.str
-    """The key must exist with this version."""
+    """The key must exist with this version (not empty: VERSION_INVALID)."""
     value: _builtins.bytes
-    """The key must exist with exactly this value."""
+    """The key must exist with exactly this value (at most the value limit,
+    256 KiB: no stored value is larger).
+    """
     def __init__(
         self,
         *,

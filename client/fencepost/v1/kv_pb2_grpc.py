@@ -186,7 +186,10 @@ class KvServiceServicer:
 
     def List(self, request, context):
         """List returns the entries under a prefix in key order, one page at a time
-        (AIP-158). An empty `next_page_token` is the only end signal.
+        (AIP-158). An empty `next_page_token` is the only end signal: a page may
+        hold fewer entries than `page_size`, as it ends before its keys and
+        values outgrow one response (4 MiB, or half the server's message limit
+        when that is lower).
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
         INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
         prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -257,10 +260,16 @@ class KvServiceServicer:
         when `request_id` is set (its marker travels in the same atomic write).
         Errors: the common ones (FIELD_INVALID also for an op that sets neither
         put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-        operations or the 4 MiB transaction byte limit; metadata `limit`,
-        `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-        branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-        keys kept changing under concurrent writers: retry the whole transaction).
+        operations or the 4 MiB transaction byte limit, which counts the
+        transaction as stored: keys with the server's tenant scope, values,
+        compare values and a request_id's marker; metadata `limit`, `size`);
+        INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+        over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+        the empty version, which no key has: compare exists = false to require
+        absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+        named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+        TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+        retry the whole transaction).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

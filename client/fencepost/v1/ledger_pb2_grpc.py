@@ -332,7 +332,8 @@ class LedgerServiceServicer:
     def ReadLog(self, request, context):
         """ReadLog streams the log in seq order from from_seq (fork prefix
         included), in pages read from the backend one at a time, so any length
-        reads in bounded memory.
+        reads in bounded memory. A page goes out as messages of at most 4 MiB
+        of records each (half the server's message limit when lower).
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
         Roles: service and operator.
         """
@@ -358,7 +359,9 @@ class LedgerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListInbox(self, request, context):
-        """ListInbox returns pending events in arrival order (AIP-158 paging).
+        """ListInbox returns pending events in arrival order (AIP-158 paging). A
+        page may hold fewer events than page_size: it ends before 4 MiB of
+        payloads (half the server's message limit when lower).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
         Roles: service and operator.
         """

@@ -177,7 +177,8 @@ class LedgerServiceStub:
     ReadLog: _grpc.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
-    reads in bounded memory.
+    reads in bounded memory. A page goes out as messages of at most 4 MiB
+    of records each (half the server's message limit when lower).
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
     Roles: service and operator.
     """
@@ -195,7 +196,9 @@ class LedgerServiceStub:
     Roles: service and operator.
     """
     ListInbox: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]
-    """ListInbox returns pending events in arrival order (AIP-158 paging).
+    """ListInbox returns pending events in arrival order (AIP-158 paging). A
+    page may hold fewer events than page_size: it ends before 4 MiB of
+    payloads (half the server's message limit when lower).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
     Roles: service and operator.
     """
@@ -388,7 +391,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     ReadLog: _aio.UnaryStreamMultiCallable[_ledger_pb2.ReadLogRequest, _ledger_pb2.ReadLogResponse]  # type: ignore[assignment]
     """ReadLog streams the log in seq order from from_seq (fork prefix
     included), in pages read from the backend one at a time, so any length
-    reads in bounded memory.
+    reads in bounded memory. A page goes out as messages of at most 4 MiB
+    of records each (half the server's message limit when lower).
     Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
     Roles: service and operator.
     """
@@ -406,7 +410,9 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Roles: service and operator.
     """
     ListInbox: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListInboxRequest, _ledger_pb2.ListInboxResponse]  # type: ignore[assignment]
-    """ListInbox returns pending events in arrival order (AIP-158 paging).
+    """ListInbox returns pending events in arrival order (AIP-158 paging). A
+    page may hold fewer events than page_size: it ends before 4 MiB of
+    payloads (half the server's message limit when lower).
     Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
     Roles: service and operator.
     """
@@ -656,7 +662,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_ledger_pb2.ReadLogResponse], _abc.AsyncIterator[_ledger_pb2.ReadLogResponse]]:
         """ReadLog streams the log in seq order from from_seq (fork prefix
         included), in pages read from the backend one at a time, so any length
-        reads in bounded memory.
+        reads in bounded memory. A page goes out as messages of at most 4 MiB
+        of records each (half the server's message limit when lower).
         Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
         Roles: service and operator.
         """
@@ -686,7 +693,9 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ledger_pb2.ListInboxRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ledger_pb2.ListInboxResponse, _abc.Awaitable[_ledger_pb2.ListInboxResponse]]:
-        """ListInbox returns pending events in arrival order (AIP-158 paging).
+        """ListInbox returns pending events in arrival order (AIP-158 paging). A
+        page may hold fewer events than page_size: it ends before 4 MiB of
+        payloads (half the server's message limit when lower).
         Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
         Roles: service and operator.
         """

@@ -292,7 +292,7 @@ class MemoryEntry(_message.Message):
     agent_id: _builtins.str
     """The agent the entry belongs to."""
     content: _builtins.str
-    """The fact, at most 4096 UTF-8 bytes."""
+    """The fact, at most 4096 UTF-8 bytes; required (never empty)."""
     kind: Global___MemoryKind.ValueType
     """What sort of fact it is."""
     supersedes: _builtins.str
@@ -300,7 +300,9 @@ class MemoryEntry(_message.Message):
     validity: Global___MemoryValidity.ValueType
     """Output only: validity at the time of the read."""
     forgotten: _builtins.bool
-    """Output only: tombstoned by Forget (Audit only)."""
+    """Tombstoned by Forget (set on Audit results). On Import, an entry with
+    it set comes in tombstoned; elsewhere it is ignored.
+    """
     superseded: _builtins.bool
     """Output only: retired by a current successor at the time of the read."""
     position: _builtins.int
@@ -384,7 +386,9 @@ class MemoryServiceAppendRequest(_message.Message):
     agent_id: _builtins.str
     """The agent (one key segment)."""
     content: _builtins.str
-    """The fact, at most 4096 UTF-8 bytes (refused, never truncated)."""
+    """The fact: required (empty is FIELD_INVALID), at most 4096 UTF-8 bytes
+    (refused, never truncated).
+    """
     kind: Global___MemoryKind.ValueType
     """What sort of fact it is (optional)."""
     supersedes: _builtins.str
@@ -548,7 +552,7 @@ class MemoryServiceSearchRequest(_message.Message):
     of the entry's content or about keys.
     """
     limit: _builtins.int
-    """0 = default (10); clamped to 1..50."""
+    """0 (or negative) = the default, 10; more than 50 reads as 50."""
     strategy: Global___MemoryStrategy.ValueType
     """The ordering asked for; unspecified is recency."""
     def __init__(

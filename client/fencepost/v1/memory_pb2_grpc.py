@@ -183,7 +183,11 @@ class MemoryServiceServicer:
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
         (`supersedes` is not a live entry of this agent: re-read, do not retry);
         PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-        trust label: drop the label or ask an operator; metadata `role`).
+        trust label: drop the label or ask an operator; metadata `role`);
+        INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+        included, is over 16320 bytes: shrink the metadata, nothing was written);
+        ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+        write: retry it, with the same request_id).
         Idempotent when retried with the same request_id.
         Roles: service and operator; the operator trust label (provenance.trust)
         needs the operator role (a service token gets PERMISSION_DENIED /
@@ -198,7 +202,9 @@ class MemoryServiceServicer:
         """List returns live entries, oldest first. With `limit` it is the bounded
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-        (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        (AIP-158; a page ends before 4 MiB of entries, half the server's message
+        limit when lower, so it may hold fewer than page_size).
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -220,7 +226,9 @@ class MemoryServiceServicer:
     def Forget(self, request, context):
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
-        Errors: the common ones. Idempotent with the same request_id.
+        Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+        lane kept moving under the write: retry it, with the same request_id).
+        Idempotent with the same request_id.
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -229,7 +237,8 @@ class MemoryServiceServicer:
 
     def Audit(self, request, context):
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record: it shows
+        first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+        The operator's view of the record: it shows
         what Forget hid, so it needs the operator role.
         Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
         PERMISSION_DENIED (not an operator).
@@ -243,7 +252,9 @@ class MemoryServiceServicer:
         """ReassertTrust sets the trust label of a live entry (un-tombstoned and
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
-        Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+        TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+        it, with the same request_id).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -257,7 +268,9 @@ class MemoryServiceServicer:
         later pin (unpin it to make room). Pins never evict; re-pinning a
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-        this agent with that id: re-read).
+        this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+        record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -266,7 +279,9 @@ class MemoryServiceServicer:
 
     def Unpin(self, request, context):
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-        holds no pin. Errors: the common ones.
+        holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -295,13 +310,17 @@ class MemoryServiceServicer:
 
     def Import(self, request, context):
         """Import appends entries verbatim (ids, timestamps, kinds, validity),
-        re-keyed to this agent, usage dropped. Ids the agent already holds are
+        re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+        Audit returns it) is imported tombstoned: never live, still in Audit.
+        Ids the agent already holds are
         skipped and reported, so re-running an import is a no-op. Needs the
         operator role. Entries are written in chunks of up to 100; a failed
         call may have landed a prefix: re-run it.
         Errors: the common ones; PERMISSION_DENIED (not an operator);
-        CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-        (nothing of the call is written).
+        CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+        (an entry over 16384 bytes as recorded, metadata included) naming the
+        entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under a chunk: re-run the import).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

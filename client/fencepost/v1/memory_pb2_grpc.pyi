@@ -79,7 +79,11 @@ class MemoryServiceStub:
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
     (`supersedes` is not a live entry of this agent: re-read, do not retry);
     PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-    trust label: drop the label or ask an operator; metadata `role`).
+    trust label: drop the label or ask an operator; metadata `role`);
+    INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+    included, is over 16320 bytes: shrink the metadata, nothing was written);
+    ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+    write: retry it, with the same request_id).
     Idempotent when retried with the same request_id.
     Roles: service and operator; the operator trust label (provenance.trust)
     needs the operator role (a service token gets PERMISSION_DENIED /
@@ -90,7 +94,9 @@ class MemoryServiceStub:
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-    (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    (AIP-158; a page ends before 4 MiB of entries, half the server's message
+    limit when lower, so it may hold fewer than page_size).
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     Roles: service and operator.
     """
     Search: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]
@@ -104,12 +110,15 @@ class MemoryServiceStub:
     Forget: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
-    Errors: the common ones. Idempotent with the same request_id.
+    Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+    lane kept moving under the write: retry it, with the same request_id).
+    Idempotent with the same request_id.
     Roles: service and operator.
     """
     Audit: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record: it shows
+    first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+    The operator's view of the record: it shows
     what Forget hid, so it needs the operator role.
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
     PERMISSION_DENIED (not an operator).
@@ -119,7 +128,9 @@ class MemoryServiceStub:
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
-    Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+    TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+    it, with the same request_id).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]
@@ -129,12 +140,16 @@ class MemoryServiceStub:
     later pin (unpin it to make room). Pins never evict; re-pinning a
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-    this agent with that id: re-read).
+    this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+    record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Unpin: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-    holds no pin. Errors: the common ones.
+    holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Pinned: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]
@@ -151,13 +166,17 @@ class MemoryServiceStub:
     """
     Import: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
-    re-keyed to this agent, usage dropped. Ids the agent already holds are
+    re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+    Audit returns it) is imported tombstoned: never live, still in Audit.
+    Ids the agent already holds are
     skipped and reported, so re-running an import is a no-op. Needs the
     operator role. Entries are written in chunks of up to 100; a failed
     call may have landed a prefix: re-run it.
     Errors: the common ones; PERMISSION_DENIED (not an operator);
-    CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-    (nothing of the call is written).
+    CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+    (an entry over 16384 bytes as recorded, metadata included) naming the
+    entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under a chunk: re-run the import).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _grpc.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]
@@ -221,7 +240,11 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
     (`supersedes` is not a live entry of this agent: re-read, do not retry);
     PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-    trust label: drop the label or ask an operator; metadata `role`).
+    trust label: drop the label or ask an operator; metadata `role`);
+    INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+    included, is over 16320 bytes: shrink the metadata, nothing was written);
+    ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+    write: retry it, with the same request_id).
     Idempotent when retried with the same request_id.
     Roles: service and operator; the operator trust label (provenance.trust)
     needs the operator role (a service token gets PERMISSION_DENIED /
@@ -232,7 +255,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """List returns live entries, oldest first. With `limit` it is the bounded
     read (the newest `limit` entries within 16384 bytes of content, ties on
     created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-    (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+    (AIP-158; a page ends before 4 MiB of entries, half the server's message
+    limit when lower, so it may hold fewer than page_size).
+    Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
     Roles: service and operator.
     """
     Search: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceSearchRequest, _memory_pb2.MemoryServiceSearchResponse]  # type: ignore[assignment]
@@ -246,12 +271,15 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Forget: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceForgetRequest, _memory_pb2.MemoryServiceForgetResponse]  # type: ignore[assignment]
     """Forget tombstones a live entry. `forgotten = false` when this agent has
     no live entry with that id (already forgotten, superseded, or unknown).
-    Errors: the common ones. Idempotent with the same request_id.
+    Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+    lane kept moving under the write: retry it, with the same request_id).
+    Idempotent with the same request_id.
     Roles: service and operator.
     """
     Audit: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceAuditRequest, _memory_pb2.MemoryServiceAuditResponse]  # type: ignore[assignment]
     """Audit returns every entry, tombstoned and superseded included, oldest
-    first, paginated (AIP-158). The operator's view of the record: it shows
+    first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+    The operator's view of the record: it shows
     what Forget hid, so it needs the operator role.
     Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
     PERMISSION_DENIED (not an operator).
@@ -261,7 +289,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """ReassertTrust sets the trust label of a live entry (un-tombstoned and
     not superseded; one appended record). `found = false` when there is none. Needs the
     operator role: raising a label is a security decision.
-    Errors: the common ones; PERMISSION_DENIED (not an operator).
+    Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+    TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+    it, with the same request_id).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     Pin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinRequest, _memory_pb2.MemoryServicePinResponse]  # type: ignore[assignment]
@@ -271,12 +301,16 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     later pin (unpin it to make room). Pins never evict; re-pinning a
     pinned entry does not move it.
     Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-    this agent with that id: re-read).
+    this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+    record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Unpin: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceUnpinRequest, _memory_pb2.MemoryServiceUnpinResponse]  # type: ignore[assignment]
     """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-    holds no pin. Errors: the common ones.
+    holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under the write: retry it, with the same
+    request_id).
     Roles: service and operator.
     """
     Pinned: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServicePinnedRequest, _memory_pb2.MemoryServicePinnedResponse]  # type: ignore[assignment]
@@ -293,13 +327,17 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     Import: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceImportRequest, _memory_pb2.MemoryServiceImportResponse]  # type: ignore[assignment]
     """Import appends entries verbatim (ids, timestamps, kinds, validity),
-    re-keyed to this agent, usage dropped. Ids the agent already holds are
+    re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+    Audit returns it) is imported tombstoned: never live, still in Audit.
+    Ids the agent already holds are
     skipped and reported, so re-running an import is a no-op. Needs the
     operator role. Entries are written in chunks of up to 100; a failed
     call may have landed a prefix: re-run it.
     Errors: the common ones; PERMISSION_DENIED (not an operator);
-    CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-    (nothing of the call is written).
+    CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+    (an entry over 16384 bytes as recorded, metadata included) naming the
+    entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+    agent's record lane kept moving under a chunk: re-run the import).
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     BuildInjection: _aio.UnaryUnaryMultiCallable[_memory_pb2.MemoryServiceBuildInjectionRequest, _memory_pb2.MemoryServiceBuildInjectionResponse]  # type: ignore[assignment]
@@ -366,7 +404,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
         (`supersedes` is not a live entry of this agent: re-read, do not retry);
         PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-        trust label: drop the label or ask an operator; metadata `role`).
+        trust label: drop the label or ask an operator; metadata `role`);
+        INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+        included, is over 16320 bytes: shrink the metadata, nothing was written);
+        ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+        write: retry it, with the same request_id).
         Idempotent when retried with the same request_id.
         Roles: service and operator; the operator trust label (provenance.trust)
         needs the operator role (a service token gets PERMISSION_DENIED /
@@ -383,7 +425,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """List returns live entries, oldest first. With `limit` it is the bounded
         read (the newest `limit` entries within 16384 bytes of content, ties on
         created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-        (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+        (AIP-158; a page ends before 4 MiB of entries, half the server's message
+        limit when lower, so it may hold fewer than page_size).
+        Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
         Roles: service and operator.
         """
 
@@ -409,7 +453,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.MemoryServiceForgetResponse, _abc.Awaitable[_memory_pb2.MemoryServiceForgetResponse]]:
         """Forget tombstones a live entry. `forgotten = false` when this agent has
         no live entry with that id (already forgotten, superseded, or unknown).
-        Errors: the common ones. Idempotent with the same request_id.
+        Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+        lane kept moving under the write: retry it, with the same request_id).
+        Idempotent with the same request_id.
         Roles: service and operator.
         """
 
@@ -420,7 +466,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceAuditResponse, _abc.Awaitable[_memory_pb2.MemoryServiceAuditResponse]]:
         """Audit returns every entry, tombstoned and superseded included, oldest
-        first, paginated (AIP-158). The operator's view of the record: it shows
+        first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+        The operator's view of the record: it shows
         what Forget hid, so it needs the operator role.
         Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
         PERMISSION_DENIED (not an operator).
@@ -436,7 +483,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReassertTrust sets the trust label of a live entry (un-tombstoned and
         not superseded; one appended record). `found = false` when there is none. Needs the
         operator role: raising a label is a security decision.
-        Errors: the common ones; PERMISSION_DENIED (not an operator).
+        Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+        TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+        it, with the same request_id).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
@@ -452,7 +501,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         later pin (unpin it to make room). Pins never evict; re-pinning a
         pinned entry does not move it.
         Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-        this agent with that id: re-read).
+        this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+        record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
 
@@ -463,7 +514,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceUnpinResponse, _abc.Awaitable[_memory_pb2.MemoryServiceUnpinResponse]]:
         """Unpin removes a pin, effective or inert. `unpinned = false` when the id
-        holds no pin. Errors: the common ones.
+        holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under the write: retry it, with the same
+        request_id).
         Roles: service and operator.
         """
 
@@ -498,13 +551,17 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.MemoryServiceImportResponse, _abc.Awaitable[_memory_pb2.MemoryServiceImportResponse]]:
         """Import appends entries verbatim (ids, timestamps, kinds, validity),
-        re-keyed to this agent, usage dropped. Ids the agent already holds are
+        re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+        Audit returns it) is imported tombstoned: never live, still in Audit.
+        Ids the agent already holds are
         skipped and reported, so re-running an import is a no-op. Needs the
         operator role. Entries are written in chunks of up to 100; a failed
         call may have landed a prefix: re-run it.
         Errors: the common ones; PERMISSION_DENIED (not an operator);
-        CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-        (nothing of the call is written).
+        CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+        (an entry over 16384 bytes as recorded, metadata included) naming the
+        entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+        agent's record lane kept moving under a chunk: re-run the import).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 

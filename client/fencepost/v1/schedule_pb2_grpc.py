@@ -155,6 +155,9 @@ class ScheduleServiceServicer:
         Timestamp holds (fix the request); INVALID_ARGUMENT / RECORD_TOO_LARGE (the
         prompt is over the record limit); FAILED_PRECONDITION / LEASE_FENCED
         (`generation` is not the current holder's: stop working on the session);
+        FAILED_PRECONDITION / REMINDER_IDS_EXHAUSTED (a record of the log named
+        the largest id, rem_9999999999999999999, metadata `last_id`: no reminder
+        can be created in this session, nothing is written);
         ABORTED / TXN_CONTENDED (the log kept moving; retry); the common ones.
         Roles: service and operator.
         """
@@ -177,7 +180,9 @@ class ScheduleServiceServicer:
 
     def ListReminders(self, request, context):
         """ListReminders returns the active reminders in id order, each with its
-        status derived from the server's clock at the call (AIP-158 paging).
+        status derived from the server's clock at the call (AIP-158 paging; a
+        page ends before 4 MiB of prompts, half the server's message limit when
+        lower, so it may hold fewer than page_size).
         Any lease holder or none may call it.
         Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID (restart
         without a token); the common ones (retry).

@@ -104,7 +104,10 @@ def status_of(exc: BaseException) -> status_pb2.Status:
             Code.UNAVAILABLE, reasons.BACKEND_UNAVAILABLE, f"backend unavailable: {exc}", {}, None,
         )
     elif isinstance(exc, InvalidTransaction):
-        code, reason, message, metadata, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), {}, None
+        # the backend's own count (keys as stored, a request id's marker) can
+        # refuse what the domain's count of the request let through
+        metadata = {} if exc.limit is None else {"limit": str(exc.limit), "size": str(exc.size)}
+        code, reason, message, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), None
     else:
         code, reason, message, metadata, field = Code.INTERNAL, reasons.INTERNAL, "internal error", {}, None
     message = _clip(message, _MESSAGE_CHARS)

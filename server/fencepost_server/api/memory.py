@@ -243,7 +243,8 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     ) -> pb.MemoryServiceImportResponse:
         who = require_operator("memory Import")
         entries = [_imported(i, m) for i, m in enumerate(request.entries)]
-        out = await self.memory.import_entries(who.tenant, request.agent_id, entries)
+        forgotten = [m.id for m in request.entries if m.forgotten]
+        out = await self.memory.import_entries(who.tenant, request.agent_id, entries, forgotten)
         return pb.MemoryServiceImportResponse(imported=out.imported, skipped=out.skipped)
 
     @unary

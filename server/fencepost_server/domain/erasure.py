@@ -142,6 +142,8 @@ class Eraser:
             return await self.get(tenant, NAME_PREFIX + op_id)
         self._wake.set()
         self.events("erasure.started")
+        # an audit line without the scope's name: a finished erasure keeps none
+        log.info("erasure %s started (%s scope)", NAME_PREFIX + op_id, "tenant" if agent is None else "agent")
         return _view(op_id, state)
 
     async def get(self, tenant: str, name: str) -> OperationView:
@@ -198,6 +200,8 @@ class Eraser:
             if version is None:
                 return False  # taken over (this replica was too slow): the other one goes on
         self.events("erasure.finished")
+        log.info("erasure %s done: %d sessions fenced, %d items erased",
+                 NAME_PREFIX + item.key[len(OPS_PREFIX):], state["fenced"], state["erased"])
         return True
 
     async def _save(self, key: str, version: str, state: dict[str, object], *, claimed: bool) -> str | None:

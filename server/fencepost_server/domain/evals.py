@@ -36,7 +36,7 @@ from .errors import InvalidArgument, NotFound, limit_error
 from .keys import TenantKeys
 from .kv import _fingerprint
 from .limits import Limits
-from .paging import PageTokens, page_size
+from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from .requests import RequestLog
 
 DEFAULT_HISTORY_WINDOW = 50
@@ -171,15 +171,25 @@ class EvalStore:
             raise limit_error(reasons.VALUE_TOO_LARGE, field, self.limits.max_value_bytes, len(value), field=field)
         return value
 
-    async def _write(self, tenant: str, request_id: str, key: str, value: bytes, body: JsonObject) -> bool:
+    async def _write(
+        self, tenant: str, request_id: str, key: str, value: bytes, body: JsonObject, stamped_ns: int = 0
+    ) -> int | None:
         """A blind put; with a request id, the put and its marker in one
-        transaction. False when the request id was already applied."""
+        transaction. None when the put was made now; when the request id was
+        already applied, the time the first attempt stamped (kept with the
+        marker: the item itself may have been overwritten since)."""
         if not request_id:
             await self.storage.put(key, value)
-            return True
+            return None
         # The fingerprint leaves out server-stamped times, so a retry matches.
         fp = _fingerprint("put", key, hashlib.sha256(_dump(body)).digest())
-        return not (await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)])).replayed
+        result = await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)], note=str(stamped_ns))
+        if not result.replayed:
+            return None
+        try:
+            return int(result.note)
+        except ValueError:  # a marker written before the time was kept with it
+            return 0
 
     # -- eval runs -------------------------------------------------------------
     async def put_run(
@@ -188,10 +198,10 @@ class EvalStore:
         key = self._run_key(tenant, agent, run_id)
         now = self.clock_ns()
         value = self._value({"v": _RECORD_VERSION, "run_id": run_id, "updated_ns": now, "body": snapshot}, "snapshot")
-        if await self._write(tenant, request_id, key, value, snapshot):
-            return EvalRun(run_id, snapshot, now)
-        item = await self.storage.get(key)  # a retry: report the run as stored
-        return _run(item) if item is not None else EvalRun(run_id, snapshot, now)
+        first_ns = await self._write(tenant, request_id, key, value, snapshot, now)
+        # a retry reports the first attempt: this snapshot (the fingerprint
+        # matched) and the time it was stamped with, whatever was written since
+        return EvalRun(run_id, snapshot, first_ns or now)
 
     async def get_run(self, tenant: str, agent: str, run_id: str) -> EvalRun:
         item = await self.storage.get(self._run_key(tenant, agent, run_id))
@@ -231,6 +241,10 @@ class EvalStore:
             rows = await self.storage.list(prefix, prefix + after, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
+        # end the page before it outgrows one response (AIP-158: fewer than asked)
+        cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
+        if cut is not None:
+            rows, more = rows[:cut], True
         next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return RunPage([_run(r) for r in rows], next_token, pruned)
 
@@ -290,6 +304,9 @@ class EvalStore:
         rows = await self.storage.list(prefix, prefix + after if after is not None else None, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
+        cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
+        if cut is not None:
+            rows, more = rows[:cut], True
         next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return SamplePage([_sample(r) for r in rows], next_token)
 
@@ -298,10 +315,8 @@ class EvalStore:
         key = self._snapshot_key(tenant, agent)
         now = self.clock_ns()
         value = self._value({"v": _RECORD_VERSION, "updated_ns": now, "body": snapshot}, "snapshot")
-        if await self._write(tenant, request_id, key, value, snapshot):
-            return now
-        current = await self.get_snapshot(tenant, agent)  # a retry: report the snapshot as stored
-        return current.updated_ns if current is not None else now
+        first_ns = await self._write(tenant, request_id, key, value, snapshot, now)
+        return first_ns or now  # a retry reports the first attempt's time
 
     async def get_snapshot(self, tenant: str, agent: str) -> AbSnapshot | None:
         item = await self.storage.get(self._snapshot_key(tenant, agent))

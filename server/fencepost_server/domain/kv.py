@@ -13,8 +13,9 @@ from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
 from .keys import TenantKeys, tenant_keys
 from .limits import Limits
-from .paging import PageTokens, page_size
+from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from .requests import RequestLog
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class KvStore:
     _TXN_ATTEMPTS = 8
 
     def __init__(
-        self, storage: Storage, limits: Limits, requests: RequestLog, pages: PageTokens | None = None
+        self, storage: Storage, limits: Limits, requests: RequestLog, pages: PageTokens | None = None,
     ) -> None:
         self.storage = storage
         self.limits = limits
@@ -103,6 +104,12 @@ class KvStore:
             items = [Item(keys.unscope_kv(n), b"", "") for n in names]
         more = len(items) > limit
         items = items[:limit]
+        # AIP-158 lets a page hold fewer than asked: end it before it outgrows
+        # one response (1000 values at the limit are 256 MiB), never before
+        # its first entry.
+        cut = fits((len(i.key.encode()) + len(i.value) + ENTRY_OVERHEAD for i in items), self.limits.max_page_bytes)
+        if cut is not None:
+            items, more = items[:cut], True
         token_out = await self.pages.issue(tenant, listing, items[-1].key) if more else ""
         return Page(items, token_out)
 
@@ -176,7 +183,8 @@ class KvStore:
         cmp_scoped = [(keys.kv(c.key), c.expect) for c in compares]
         success_s = [_scope_write(keys, w) for w in success]
         failure_s = [_scope_write(keys, w) for w in failure]
-        fp = _fingerprint("txn", compares, success, failure)
+        # the fingerprint reprs every value (up to the 4 MiB limit): only a request id needs it
+        fp = _fingerprint("txn", compares, success, failure) if request_id else b""
         for _ in range(self._TXN_ATTEMPTS):
             try:
                 checks, writes = plan(cmp_scoped, success_s)
@@ -217,10 +225,12 @@ class KvStore:
         refused_by = (result.found or {}).get(0)
         return CasOutcome(False, refused_by.version if refused_by else "")
 
-    def _check_version(self, expected: str) -> None:
+    def _check_version(self, expected: str, field: str = "expected_version") -> None:
         if not expected:
             raise InvalidArgument(
-                reasons.VERSION_INVALID, "expected_version must not be empty", field="expected_version"
+                reasons.VERSION_INVALID,
+                f"{field} must not be empty (no key has the empty version; absence is exists = false)",
+                field=field,
             )
 
     def _check_txn(
@@ -231,6 +241,14 @@ class KvStore:
         marker_ops = 2 if request_id else 0
         for i, c in enumerate(compares):
             check_key(c.key, self.limits, f"compares[{i}].key")
+            if c.expect.version == "":
+                # no key ever has it: the compare could never hold
+                self._check_version("", f"compares[{i}].version")
+            if c.expect.value is not None:
+                # No stored value is larger, so such a compare could never
+                # hold; and DynamoDB takes less than the transaction limit in
+                # one condition expression. Refused alike on every backend.
+                check_value(c.expect.value, self.limits, f"compares[{i}].value")
         for name, branch in (("success_ops", success), ("failure_ops", failure)):
             seen: set[str] = set()
             size = 0

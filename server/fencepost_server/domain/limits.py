@@ -11,6 +11,9 @@ class Limits:
     max_value_bytes: int = 256 * 1024
     default_page_size: int = 100
     max_page_size: int = 1000
+    #: a list page's keys and values: a page ends early (with a token) rather
+    #: than outgrow one response (half the default 8 MiB message limit)
+    max_page_bytes: int = 4 * 1024 * 1024
     max_txn_ops: int = 100
     max_txn_bytes: int = 4 * 1024 * 1024
     max_journal_record_bytes: int = 16 * 1024

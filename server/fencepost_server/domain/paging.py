@@ -32,8 +32,9 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
@@ -43,6 +44,8 @@ from fencepost import reasons
 from ..storage import Storage
 from .errors import InvalidArgument
 from .keys import GLOBAL_PREFIX
+
+T = TypeVar("T")
 from .limits import Limits
 
 #: where the deployment's page-token secret lives (server bookkeeping, no tenant)
@@ -166,3 +169,30 @@ def page_size(limits: Limits, requested: int) -> int:
             {"page_size": requested}, field="page_size",
         )
     return limits.page_size(requested)
+
+
+#: bytes a listed entry costs in a response beyond its own key and value
+#: (field tags, lengths, versions, timestamps)
+ENTRY_OVERHEAD = 64
+
+
+def fits(sizes: Iterable[int], budget: int) -> int | None:
+    """How many leading entries of a page stay within `budget` bytes (never
+    fewer than one); None when all of them do. A response over the server's
+    message limit fails whole, and AIP-158 lets a page hold fewer entries
+    than asked: a listing ends its page early instead (Limits.max_page_bytes)."""
+    total = 0
+    for n, size in enumerate(sizes):
+        total += size
+        if total > budget and n:
+            return n
+    return None
+
+
+def split_by_bytes(entries: Sequence[T], size: Callable[[T], int], budget: int) -> Iterator[Sequence[T]]:
+    """A streamed page as consecutive parts of at most `budget` bytes each
+    (one entry per part at the least)."""
+    while entries:
+        n = fits(map(size, entries), budget) or len(entries)
+        yield entries[:n]
+        entries = entries[n:]

@@ -86,7 +86,9 @@ class Retention:
         warning = ThrottledWarning(log, "retention pass")
         while True:
             try:
-                await self.sweep_pass()
+                summary = describe(await self.sweep_pass())
+                if summary:
+                    log.info("retention pass: %s", summary)
                 warning.ok()
             except Exception as exc:  # an outage: try again next pass
                 warning.failed(exc)
@@ -186,6 +188,20 @@ class Retention:
                     break
                 after = items[-1].key
             start = f"{sessions}{sid}/{_END}"
+
+
+def describe(counts: RetentionCounts) -> str:
+    """What a pass did, for the server log ("" when it changed nothing)."""
+    done = [f"{n} {what}" for n, what in (
+        (counts.sessions_erased, "idle sessions erased"),
+        (counts.archives_erased, "journal archives deleted"),
+        (counts.commit_markers_erased, "commit markers deleted"),
+    ) if n]
+    if not done:
+        return ""
+    if counts.sessions_waiting:
+        done.append(f"{counts.sessions_waiting} idle sessions wait (a live lease, live forks or pending events)")
+    return ", ".join(done)
 
 
 def _skip(segments: list[str], key: str) -> str:

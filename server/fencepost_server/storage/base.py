@@ -81,7 +81,14 @@ class PersistenceUncertain(BackendUnavailable):
 
 
 class InvalidTransaction(StorageError, ValueError):
-    """A transaction is malformed (too many operations, one key twice)."""
+    """A transaction is malformed (too many operations, one key twice).
+    Over a limit, `limit` and `size` say which and by how much (the caller
+    is told both, as for every limit)."""
+
+    def __init__(self, message: str, *, limit: int | None = None, size: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.size = size
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,17 +235,20 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
         w = writes[0]
         size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0)
         if size > MAX_TXN_BYTES:
-            raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
+            raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",
+                                     limit=MAX_TXN_BYTES, size=size)
         return
     ops = len(checks) + len(writes)
     if ops > MAX_TXN_OPS:
-        raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})")
+        raise InvalidTransaction(f"transaction has {ops} operations (limit {MAX_TXN_OPS})",
+                                 limit=MAX_TXN_OPS, size=ops)
     keys = [c.key for c in checks]
     keys += [w.key for w in writes]
     size = key_bytes(keys)
     size += sum([len(w.value) for w in writes if type(w) is Put])
     if size > MAX_TXN_BYTES:
-        raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})")
+        raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",
+                                 limit=MAX_TXN_BYTES, size=size)
     if len(set(keys)) != len(keys):
         raise InvalidTransaction("a transaction names one key more than once")
 

@@ -15,6 +15,7 @@ from fencepost import reasons
 
 from ...storage import Check, Expect, Put
 from ..errors import NotFound
+from ..paging import ENTRY_OVERHEAD, split_by_bytes
 from .activity import Activity
 from .core import SessionView, bad
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
@@ -22,6 +23,10 @@ from .listing import ListingMethods
 from .sessions import AlreadyExists, check_name
 
 Page = list[tuple[int, bytes]]
+
+
+def _record_bytes(record: tuple[int, bytes]) -> int:
+    return len(record[1]) + ENTRY_OVERHEAD
 
 
 class ForkMethods(ListingMethods):
@@ -117,7 +122,10 @@ class ForkMethods(ListingMethods):
             if left is not None:
                 page = page[:left]
                 left -= len(page)
-            yield page
+            # one response message each: a page of large records (1000 of up to
+            # 256 KiB) would outgrow the server's message limit
+            for part in split_by_bytes(page, _record_bytes, self.limits.max_page_bytes):
+                yield list(part)
             if left is not None and left <= 0:
                 return
         if await self.storage.get(head) is None:

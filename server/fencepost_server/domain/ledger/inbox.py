@@ -12,7 +12,7 @@ from fencepost import reasons
 
 from ...storage import Check, Item, Put, Write
 from ..errors import NotFound, limit_error
-from ..paging import page_size
+from ..paging import ENTRY_OVERHEAD, fits, page_size
 from .core import ABSENT, PRESENT, LedgerBase, bad, check_holder, contended
 from .layout import (
     LeaseState,
@@ -158,12 +158,18 @@ class InboxMethods(SessionMethods, LeaseMethods):
         )
         if head is None:
             raise session_not_found(sid)
+        more = len(items) > limit
+        items = items[:limit]
         # Payloads over the inline limit are one get each: read side by side.
-        read = await asyncio.gather(*(self._event(sk, it) for it in items[:limit]))
+        read = await asyncio.gather(*(self._event(sk, it) for it in items))
         if None in read and await self.storage.get(sk.head) is None:
             raise session_not_found(sid)  # swept while it was read
+        # end the page before it outgrows one response (AIP-158: fewer than asked)
+        cut = fits((len(e.payload) + ENTRY_OVERHEAD if e else 0 for e in read), self.limits.max_page_bytes)
+        if cut is not None:
+            items, read, more = items[:cut], read[:cut], True
         events = [e for e in read if e is not None]
-        last = items[limit - 1].key[len(sk.inbox):] if len(items) > limit else ""  # listed, even if gone since
+        last = items[-1].key[len(sk.inbox):] if more else ""  # listed, even if gone since
         nxt = await self.pages.issue(tenant, listing, last) if last else ""
         return events, nxt
 

@@ -138,6 +138,9 @@ class Fold:
 
     def __init__(self) -> None:
         self.head = 0
+        #: the stored bytes of the record at `head`, as the store last saw them
+        #: (how a catch-up tells the lane it folded from one erased and refilled)
+        self.head_raw = b""
         self.entries: dict[str, Entry] = {}
         self.tombstoned: set[str] = set()
         self.pins: dict[str, None] = {}  # pin order
@@ -193,9 +196,13 @@ class Fold:
         self._token_total += terms.length
         for token in terms.counts:
             self.index.setdefault(token, set()).add(e.id)
-        n = minted_number(e.id)
-        if n is not None and n >= self.next_mint:
-            self.next_mint = n + 1
+        # minting skips past every id the lane names: held ones, and the ones an
+        # (imported) successor supersedes, which a fresh entry must not take:
+        # it would be retired at birth
+        for named in (e.id, e.supersedes):
+            n = minted_number(named) if named else None
+            if n is not None and n >= self.next_mint:
+                self.next_mint = n + 1
         for bound in (e.valid_from, e.valid_until):
             if bound is not None:
                 i = bisect.bisect_left(self._boundaries, bound)

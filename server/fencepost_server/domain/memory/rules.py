@@ -96,7 +96,10 @@ def utf8_len(text: str) -> int:
 
 
 def check_content(content: str, field_name: str = "content") -> None:
-    """Refuse (never truncate) content over the per-entry cap."""
+    """Refuse an empty fact (content is required, and proto3 cannot tell
+    empty from unset) and, never truncating, content over the per-entry cap."""
+    if not content:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field_name} must not be empty", field=field_name)
     size = utf8_len(content)
     if size > CONTENT_MAX_BYTES:
         raise limit_error(reasons.CONTENT_TOO_LARGE, field_name, CONTENT_MAX_BYTES, size, field=field_name)
@@ -114,6 +117,13 @@ def check_about(about: Sequence[str], field_name: str = "about") -> None:
     size = sum(utf8_len(k) for k in about)
     if size > ABOUT_MAX_BYTES:
         raise limit_error(reasons.ABOUT_TOO_LARGE, field_name, ABOUT_MAX_BYTES, size, field=field_name)
+
+
+def check_window(valid_from: int | None, valid_until: int | None, field_name: str = "valid_until") -> None:
+    """A validity window must hold an instant: an entry whose `valid_until` is
+    not after its `valid_from` could never be current."""
+    if valid_from is not None and valid_until is not None and valid_until <= valid_from:
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{field_name} must be after valid_from", field=field_name)
 
 
 # -- tokenizer and matching ---------------------------------------------------------

@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from ...storage import Expect, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys
 from ..limits import Limits
-from ..paging import PageTokens, page_size
+from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
 from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
 from .rules import Entry, Injection, Topic
@@ -180,11 +180,14 @@ class MemoryStore:
     async def _catch_up(self, tenant: str, agent: str, folded: Fold) -> None:
         lane = self._lane(tenant, agent)
         while True:
-            # listed from the fold's own head record: if that is gone, the lane was
-            # erased (AdminService) since it was folded, and the fold starts over
-            after = f"{lane}{folded.head - 1:020d}" if folded.head > 1 else None
+            # listed from the fold's own head record: if that is gone, or holds
+            # other bytes, the lane was erased (AdminService) since it was folded
+            # (and maybe refilled past that position through another replica),
+            # and the fold starts over
+            head, head_raw = folded.head, folded.head_raw
+            after = f"{lane}{head - 1:020d}" if head > 1 else None
             rows = await self.storage.list(lane, after, _CATCH_UP_PAGE)
-            if folded.head and (not rows or rows[0].key != f"{lane}{folded.head:020d}"):
+            if head and (not rows or rows[0].key != f"{lane}{head:020d}" or rows[0].value != head_raw):
                 folded.__init__()  # type: ignore[misc]
                 continue
             for row in rows:
@@ -193,6 +196,8 @@ class MemoryStore:
                 except ValueError:
                     continue
                 folded.apply(position, decode_record(row.value))
+                if position == folded.head:
+                    folded.head_raw = row.value
             if len(rows) < _CATCH_UP_PAGE:
                 return
 
@@ -217,6 +222,8 @@ class MemoryStore:
             if applied:
                 for i, rec in enumerate(decision.records):
                     folded.apply(base + i + 1, rec)
+                if folded.head == base + len(payloads):
+                    folded.head_raw = payloads[-1]
                 return decision.finish(folded)
             await self._catch_up(tenant, agent, folded)
         raise Aborted(reasons.TXN_CONTENDED, "the memory lane kept moving under this write; retry it")
@@ -254,14 +261,7 @@ class MemoryStore:
             raise InvalidArgument(reasons.FIELD_INVALID, f"unknown kind {options.kind!r}", field="kind")
         if options.trust is not None and options.trust not in rules.TRUST_LEVELS:
             raise InvalidArgument(reasons.FIELD_INVALID, f"unknown trust {options.trust!r}", field="provenance.trust")
-        if (
-            options.valid_from is not None
-            and options.valid_until is not None
-            and options.valid_until <= options.valid_from
-        ):
-            raise InvalidArgument(
-                reasons.FIELD_INVALID, "valid_until must be after valid_from", field="valid_until"
-            )
+        rules.check_window(options.valid_from, options.valid_until)
         fp = _fingerprint("append", content, about, options.kind, options.valid_from, options.valid_until,
                           options.supersedes, options.metadata, options.session_id, options.channel, options.trust)
         draft = Entry(
@@ -347,7 +347,9 @@ class MemoryStore:
 
         def decide(folded: Fold, at: int) -> _Decision:
             if self._replayed(folded, request_id, fp) is not None:
-                return _Decision([], outcome)
+                # a pin is recorded only when it was accepted: that was the first
+                # outcome, whatever was unpinned or forgotten since
+                return _Decision([], lambda f: PinOutcome(True, f.pin_budget().bytes))
             if not folded.is_live(entry_id, at):
                 raise NotFound(
                     reasons.ENTRY_NOT_FOUND, f"no live entry {entry_id!r} for this agent",
@@ -364,10 +366,15 @@ class MemoryStore:
         result: PinOutcome = await self._write(tenant, agent, decide)
         return result
 
-    async def import_entries(self, tenant: str, agent: str, entries: Sequence[Entry]) -> ImportResult:
+    async def import_entries(
+        self, tenant: str, agent: str, entries: Sequence[Entry], forgotten: Collection[str] = ()
+    ) -> ImportResult:
         """Append entries verbatim (validated first: a refusal writes nothing),
         skipping ids the agent already holds. Chunks of up to 100 records, each
-        one atomic transaction; a re-run is a no-op."""
+        one atomic transaction; a re-run is a no-op. An entry whose id is in
+        `forgotten` (Audit marks it so) comes in tombstoned, its forget record
+        in the same transaction: an Audit -> Import round trip never brings a
+        forgotten fact back."""
         check_agent(agent)
         if len(entries) > IMPORT_MAX_ENTRIES:
             raise InvalidArgument(
@@ -384,6 +391,11 @@ class MemoryStore:
                     reasons.FIELD_INVALID, f"{where}.created_at is required", field=f"{where}.created_at"
                 )
             rules.check_content(e.content, f"{where}.content")
+            rules.check_window(e.valid_from, e.valid_until, f"{where}.valid_until")
+            if e.supersedes is not None and e.supersedes == e.id:
+                raise InvalidArgument(
+                    reasons.FIELD_INVALID, f"{where} supersedes itself", field=f"{where}.supersedes"
+                )
             about = rules.clean_about(list(e.about))
             rules.check_about(about, f"{where}.about")
             entry = replace(
@@ -400,21 +412,22 @@ class MemoryStore:
             cleaned.append(entry)
         imported = 0
         skipped: list[str] = []
-        chunk_size = self.limits.max_txn_ops
-        for start in range(0, len(cleaned), chunk_size):
-            chunk = cleaned[start:start + chunk_size]
+        forgotten = frozenset(forgotten)
+        for chunk in _chunks(cleaned, forgotten, self.limits.max_txn_ops):
 
             def decide(folded: Fold, at: int, chunk: list[Entry] = chunk) -> _Decision:
-                fresh: list[Entry] = []
+                records: list[dict[str, Any]] = []
                 dup: list[str] = []
                 ids: set[str] = set()
                 for e in chunk:
                     if e.id in folded.entries or e.id in ids:
                         dup.append(e.id)
-                    else:
-                        ids.add(e.id)
-                        fresh.append(e)
-                return _Decision([entry_record(e) for e in fresh], lambda f: (len(fresh), dup))
+                        continue
+                    ids.add(e.id)
+                    records.append(entry_record(e))
+                    if e.id in forgotten:
+                        records.append({"t": FORGET, "id": e.id, "at": at})
+                return _Decision(records, lambda f, n=len(ids): (n, dup))
 
             n, dup = await self._write(tenant, agent, decide)
             imported += n
@@ -447,10 +460,18 @@ class MemoryStore:
             return ReadResult([self._present(folded, e, at, view.superseded) for e in picked], truncated)
         listing = ("memory.list", agent, validity)
         start = await self._resume(tenant, listing, token, keys)
-        page = chrono[start:start + per_page]
-        more = start + per_page < len(chrono)
-        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
+        page, more = self._cut(chrono, start, per_page)
+        next_token = await self._next_token(tenant, listing, keys[start + len(page) - 1]) if more else ""
         return ReadResult([self._present(folded, e, at, view.superseded) for e in page], False, next_token)
+
+    def _cut(self, chrono: Sequence[Entry], start: int, per_page: int) -> tuple[Sequence[Entry], bool]:
+        """The page from `start`, ended early before it outgrows one response
+        (entries of up to 16 KiB as recorded); and whether more follow."""
+        page = chrono[start:start + per_page]
+        cut = fits(map(_entry_bytes, page), self.limits.max_page_bytes)
+        if cut is not None:
+            return page[:cut], True
+        return page, start + per_page < len(chrono)
 
     async def _next_token(self, tenant: str, listing: tuple[str, ...], last: tuple[int, str]) -> str:
         return await self.pages.issue(tenant, listing, json.dumps(last))
@@ -476,9 +497,8 @@ class MemoryStore:
         keys = [rules.chronology_key(e) for e in chrono]
         listing = ("memory.audit", agent)
         start = await self._resume(tenant, listing, token, keys)
-        page = chrono[start:start + per_page]
-        more = start + per_page < len(chrono)
-        next_token = await self._next_token(tenant, listing, keys[start + per_page - 1]) if more else ""
+        page, more = self._cut(chrono, start, per_page)
+        next_token = await self._next_token(tenant, listing, keys[start + len(page) - 1]) if more else ""
         usage = await self._read_usage(tenant, agent, [e.id for e in page])
         return ReadResult(
             [self._present(folded, e, at, view.superseded, usage.get(e.id)) for e in page], False, next_token
@@ -571,3 +591,23 @@ def _decode_usage(raw: bytes) -> Usage | None:
         return Usage(int(data["n"]), int(data["at"]))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _entry_bytes(e: Entry) -> int:
+    """About what an entry takes in a response: its text, about keys and metadata."""
+    metadata = len(json.dumps(e.metadata)) if e.metadata else 0
+    return e.content_bytes + sum(map(len, e.about)) + metadata + 2 * ENTRY_OVERHEAD
+
+
+def _chunks(entries: list[Entry], forgotten: frozenset[str], records: int) -> list[list[Entry]]:
+    """Consecutive runs of entries whose records (two for a forgotten entry) fit one transaction."""
+    out: list[list[Entry]] = [[]]
+    used = 0
+    for e in entries:
+        need = 2 if e.id in forgotten else 1
+        if used + need > records and out[-1]:
+            out.append([])
+            used = 0
+        out[-1].append(e)
+        used += need
+    return out if out[0] else []

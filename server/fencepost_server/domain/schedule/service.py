@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 
 from fencepost import reasons
 
-from ..errors import Aborted, InvalidArgument
+from ..errors import Aborted, FailedPrecondition, InvalidArgument
 from ..ledger import Ledger
 from ..ledger.layout import gen_value, parse_seq, session_not_found
-from ..paging import page_size
+from ..paging import ENTRY_OVERHEAD, fits, page_size
 from .records import (
     MAX_AFTER_SECONDS,
     MAX_SCHEDULED_AT_MS,
@@ -42,6 +42,7 @@ from .records import (
     Fold,
     Reminder,
     encode,
+    format_id,
     id_number,
     is_safe_positive,
 )
@@ -159,6 +160,10 @@ class Schedule:
             items = [r for r in items if (id_number(r.id) or 0) > start]
         page = items[:limit]
         more = len(items) > limit
+        # a prompt may be as large as a log record: end the page before it outgrows one response
+        cut = fits((len(r.prompt.encode()) + ENTRY_OVERHEAD for r in page), self.ledger.limits.max_page_bytes)
+        if cut is not None:
+            page, more = page[:cut], True
         nxt = await self.ledger.pages.issue(tenant, listing, str(id_number(page[-1].id))) if more else ""
         rejected = [(r.seq, r.reason) for r in f.rejected] if after is None else []
         return Listing(page, f.seq, now, rejected, nxt)
@@ -215,7 +220,18 @@ class Schedule:
                     "after_seconds", {"after_seconds": after, "scheduled_at_ms": scheduled,
                                       "max_scheduled_at_ms": MAX_SCHEDULED_AT_MS},
                 )
-            return Create(f.next_id(), text, after, scheduled)
+            reminder_id = f.next_id()
+            if id_number(reminder_id) is None:
+                # past the largest id a record can carry: written anyway, the
+                # create would be acknowledged and then rejected by the fold
+                last = format_id(f.max_id)
+                raise FailedPrecondition(
+                    reasons.REMINDER_IDS_EXHAUSTED,
+                    f"a record of this session's log named {last}, the largest reminder id: "
+                    "no reminder can be created in this session",
+                    {"last_id": last},
+                )
+            return Create(reminder_id, text, after, scheduled)
 
         _, change, seq = await self._write(tenant, sid, generation, decide)
         assert isinstance(change, Create)

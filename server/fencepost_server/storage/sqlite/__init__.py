@@ -134,12 +134,14 @@ class SqliteStorage(Storage):
     async def delete(self, key: str) -> bool:
         return await self._write_op(lambda conn, _v: erase(conn, key))
 
+    # LIMIT is clamped at 0: SQLite reads a negative LIMIT as "no limit", and
+    # the contract's limit is "at most" (memory and DynamoDB list nothing).
     async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
         where, args = bounds(prefix, start_after)
 
         def read(conn: sqlite3.Connection) -> list[Item]:
             rows = conn.execute(
-                f"SELECT key, value, version FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, limit)
+                f"SELECT key, value, version FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, max(limit, 0))
             ).fetchall()
             return [Item(k.decode(), v, ver) for k, v, ver in rows]
 
@@ -149,7 +151,7 @@ class SqliteStorage(Storage):
         where, args = bounds(prefix, start_after)
 
         def read(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(f"SELECT key FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, limit))
+            rows = conn.execute(f"SELECT key FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, max(limit, 0)))
             return [k.decode() for (k,) in rows]
 
         return await self._read(read)

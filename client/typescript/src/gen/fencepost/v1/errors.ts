@@ -140,6 +140,12 @@ export enum ErrorReason {
   SESSION_HAS_FORKS = 38,
   /** OPERATION_NOT_FOUND - NOT_FOUND: no such long-running operation for this tenant (metadata `name`). */
   OPERATION_NOT_FOUND = 39,
+  /**
+   * REMINDER_IDS_EXHAUSTED - FAILED_PRECONDITION: a record of the session's log named the largest
+   * reminder id (metadata `last_id`), so no new reminder id can be written;
+   * final for the session: keep reminders in another session.
+   */
+  REMINDER_IDS_EXHAUSTED = 40,
   UNRECOGNIZED = -1,
 }
 
@@ -265,6 +271,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 39:
     case "ERROR_REASON_OPERATION_NOT_FOUND":
       return ErrorReason.OPERATION_NOT_FOUND;
+    case 40:
+    case "ERROR_REASON_REMINDER_IDS_EXHAUSTED":
+      return ErrorReason.REMINDER_IDS_EXHAUSTED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -354,6 +363,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_SESSION_HAS_FORKS";
     case ErrorReason.OPERATION_NOT_FOUND:
       return "ERROR_REASON_OPERATION_NOT_FOUND";
+    case ErrorReason.REMINDER_IDS_EXHAUSTED:
+      return "ERROR_REASON_REMINDER_IDS_EXHAUSTED";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

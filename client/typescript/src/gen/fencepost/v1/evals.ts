@@ -2095,6 +2095,8 @@ export const EvalServiceService = {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+   * (half the server's message limit when lower).
    * Cost: PutEvalRun never prunes, so a first page reads every stored run and
    * deletes, one call each, every run past the window: list now and then, or
    * expect the first page after many puts to take a while (the later pages
@@ -2137,7 +2139,9 @@ export const EvalServiceService = {
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
    * session) in key order: by encoded session id, then by `at`. Paginated
-   * (AIP-158); an empty `next_page_token` is the only end signal.
+   * (AIP-158); an empty `next_page_token` is the only end signal. A page may
+   * hold fewer samples than page_size: it ends before 4 MiB of samples (half
+   * the server's message limit when lower).
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
    * Roles: service and operator.
@@ -2217,6 +2221,8 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+   * (half the server's message limit when lower).
    * Cost: PutEvalRun never prunes, so a first page reads every stored run and
    * deletes, one call each, every run past the window: list now and then, or
    * expect the first page after many puts to take a while (the later pages
@@ -2242,7 +2248,9 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
    * session) in key order: by encoded session id, then by `at`. Paginated
-   * (AIP-158); an empty `next_page_token` is the only end signal.
+   * (AIP-158); an empty `next_page_token` is the only end signal. A page may
+   * hold fewer samples than page_size: it ends before 4 MiB of samples (half
+   * the server's message limit when lower).
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
    * Roles: service and operator.
@@ -2337,6 +2345,8 @@ export interface EvalServiceClient extends Client {
    * the newest update time are kept (ties broken by key). A run upserted
    * while the prune runs is never removed (the delete is conditioned on the
    * version that was read). An empty `next_page_token` is the only end signal.
+   * A page may hold fewer runs than page_size: it ends before 4 MiB of runs
+   * (half the server's message limit when lower).
    * Cost: PutEvalRun never prunes, so a first page reads every stored run and
    * deletes, one call each, every run past the window: list now and then, or
    * expect the first page after many puts to take a while (the later pages
@@ -2390,7 +2400,9 @@ export interface EvalServiceClient extends Client {
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
    * session) in key order: by encoded session id, then by `at`. Paginated
-   * (AIP-158); an empty `next_page_token` is the only end signal.
+   * (AIP-158); an empty `next_page_token` is the only end signal. A page may
+   * hold fewer samples than page_size: it ends before 4 MiB of samples (half
+   * the server's message limit when lower).
    * Errors: the common ones; FIELD_INVALID when experiment is empty;
    * PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID (restart without a token).
    * Roles: service and operator.

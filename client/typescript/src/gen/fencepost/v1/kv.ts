@@ -198,11 +198,14 @@ export interface Compare {
   exists?:
     | boolean
     | undefined;
-  /** The key must exist with this version. */
+  /** The key must exist with this version (not empty: VERSION_INVALID). */
   version?:
     | string
     | undefined;
-  /** The key must exist with exactly this value. */
+  /**
+   * The key must exist with exactly this value (at most the value limit,
+   * 256 KiB: no stored value is larger).
+   */
   value?: Buffer | undefined;
 }
 
@@ -2626,7 +2629,10 @@ export const KvServiceService = {
   },
   /**
    * List returns the entries under a prefix in key order, one page at a time
-   * (AIP-158). An empty `next_page_token` is the only end signal.
+   * (AIP-158). An empty `next_page_token` is the only end signal: a page may
+   * hold fewer entries than `page_size`, as it ends before its keys and
+   * values outgrow one response (4 MiB, or half the server's message limit
+   * when that is lower).
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -2732,10 +2738,16 @@ export const KvServiceService = {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn: {
@@ -2772,7 +2784,10 @@ export interface KvServiceServer extends UntypedServiceImplementation {
   delete: handleUnaryCall<DeleteRequest, DeleteResponse>;
   /**
    * List returns the entries under a prefix in key order, one page at a time
-   * (AIP-158). An empty `next_page_token` is the only end signal.
+   * (AIP-158). An empty `next_page_token` is the only end signal: a page may
+   * hold fewer entries than `page_size`, as it ends before its keys and
+   * values outgrow one response (4 MiB, or half the server's message limit
+   * when that is lower).
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -2825,10 +2840,16 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn: handleUnaryCall<TxnRequest, TxnResponse>;
@@ -2893,7 +2914,10 @@ export interface KvServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * List returns the entries under a prefix in key order, one page at a time
-   * (AIP-158). An empty `next_page_token` is the only end signal.
+   * (AIP-158). An empty `next_page_token` is the only end signal: a page may
+   * hold fewer entries than `page_size`, as it ends before its keys and
+   * values outgrow one response (4 MiB, or half the server's message limit
+   * when that is lower).
    * Errors: INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative page_size),
    * INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued for this
    * prefix: restart the listing without a token), BACKEND_UNAVAILABLE (retry).
@@ -3027,10 +3051,16 @@ export interface KvServiceClient extends Client {
    * when `request_id` is set (its marker travels in the same atomic write).
    * Errors: the common ones (FIELD_INVALID also for an op that sets neither
    * put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
-   * operations or the 4 MiB transaction byte limit; metadata `limit`,
-   * `size`); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key named twice in one
-   * branch); REQUEST_ID_REUSED as Put; ABORTED / TXN_CONTENDED (the compared
-   * keys kept changing under concurrent writers: retry the whole transaction).
+   * operations or the 4 MiB transaction byte limit, which counts the
+   * transaction as stored: keys with the server's tenant scope, values,
+   * compare values and a request_id's marker; metadata `limit`, `size`);
+   * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
+   * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
+   * the empty version, which no key has: compare exists = false to require
+   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
+   * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
+   * retry the whole transaction).
    * Roles: service and operator.
    */
   txn(request: TxnRequest, callback: (error: ServiceError | null, response: TxnResponse) => void): ClientUnaryCall;

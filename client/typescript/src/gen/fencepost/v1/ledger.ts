@@ -4787,7 +4787,8 @@ export const LedgerServiceService = {
   /**
    * ReadLog streams the log in seq order from from_seq (fork prefix
    * included), in pages read from the backend one at a time, so any length
-   * reads in bounded memory.
+   * reads in bounded memory. A page goes out as messages of at most 4 MiB
+   * of records each (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
    * Roles: service and operator.
    */
@@ -4823,7 +4824,9 @@ export const LedgerServiceService = {
     responseDeserialize: (value: Buffer): DeliverResponse => DeliverResponse.decode(value),
   },
   /**
-   * ListInbox returns pending events in arrival order (AIP-158 paging).
+   * ListInbox returns pending events in arrival order (AIP-158 paging). A
+   * page may hold fewer events than page_size: it ends before 4 MiB of
+   * payloads (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
    * Roles: service and operator.
    */
@@ -5021,7 +5024,8 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
   /**
    * ReadLog streams the log in seq order from from_seq (fork prefix
    * included), in pages read from the backend one at a time, so any length
-   * reads in bounded memory.
+   * reads in bounded memory. A page goes out as messages of at most 4 MiB
+   * of records each (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
    * Roles: service and operator.
    */
@@ -5041,7 +5045,9 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    */
   deliver: handleUnaryCall<DeliverRequest, DeliverResponse>;
   /**
-   * ListInbox returns pending events in arrival order (AIP-158 paging).
+   * ListInbox returns pending events in arrival order (AIP-158 paging). A
+   * page may hold fewer events than page_size: it ends before 4 MiB of
+   * payloads (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
    * Roles: service and operator.
    */
@@ -5329,7 +5335,8 @@ export interface LedgerServiceClient extends Client {
   /**
    * ReadLog streams the log in seq order from from_seq (fork prefix
    * included), in pages read from the backend one at a time, so any length
-   * reads in bounded memory.
+   * reads in bounded memory. A page goes out as messages of at most 4 MiB
+   * of records each (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; the common ones (resume from the last seq seen).
    * Roles: service and operator.
    */
@@ -5368,7 +5375,9 @@ export interface LedgerServiceClient extends Client {
     callback: (error: ServiceError | null, response: DeliverResponse) => void,
   ): ClientUnaryCall;
   /**
-   * ListInbox returns pending events in arrival order (AIP-158 paging).
+   * ListInbox returns pending events in arrival order (AIP-158 paging). A
+   * page may hold fewer events than page_size: it ends before 4 MiB of
+   * payloads (half the server's message limit when lower).
    * Errors: SESSION_NOT_FOUND; PAGE_SIZE_INVALID; PAGE_TOKEN_INVALID; the common ones.
    * Roles: service and operator.
    */

@@ -368,7 +368,7 @@ export interface MemoryEntry {
   id: string;
   /** The agent the entry belongs to. */
   agentId: string;
-  /** The fact, at most 4096 UTF-8 bytes. */
+  /** The fact, at most 4096 UTF-8 bytes; required (never empty). */
   content: string;
   /** When it was written (transaction time). */
   createdAt:
@@ -408,7 +408,10 @@ export interface MemoryEntry {
     | undefined;
   /** Output only: validity at the time of the read. */
   validity: MemoryValidity;
-  /** Output only: tombstoned by Forget (Audit only). */
+  /**
+   * Tombstoned by Forget (set on Audit results). On Import, an entry with
+   * it set comes in tombstoned; elsewhere it is ignored.
+   */
   forgotten: boolean;
   /** Output only: retired by a current successor at the time of the read. */
   superseded: boolean;
@@ -420,7 +423,10 @@ export interface MemoryEntry {
 export interface MemoryServiceAppendRequest {
   /** The agent (one key segment). */
   agentId: string;
-  /** The fact, at most 4096 UTF-8 bytes (refused, never truncated). */
+  /**
+   * The fact: required (empty is FIELD_INVALID), at most 4096 UTF-8 bytes
+   * (refused, never truncated).
+   */
   content: string;
   /** What sort of fact it is (optional). */
   kind: MemoryKind;
@@ -493,7 +499,7 @@ export interface MemoryServiceSearchRequest {
    * of the entry's content or about keys.
    */
   query: string;
-  /** 0 = default (10); clamped to 1..50. */
+  /** 0 (or negative) = the default, 10; more than 50 reads as 50. */
   limit: number;
   /** The ordering asked for; unspecified is recency. */
   strategy: MemoryStrategy;
@@ -3861,7 +3867,11 @@ export const MemoryServiceService = {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -3883,7 +3893,9 @@ export const MemoryServiceService = {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list: {
@@ -3919,7 +3931,9 @@ export const MemoryServiceService = {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget: {
@@ -3935,7 +3949,8 @@ export const MemoryServiceService = {
   },
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
@@ -3956,7 +3971,9 @@ export const MemoryServiceService = {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: {
@@ -3979,7 +3996,9 @@ export const MemoryServiceService = {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin: {
@@ -3995,7 +4014,9 @@ export const MemoryServiceService = {
   },
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin: {
@@ -4045,13 +4066,17 @@ export const MemoryServiceService = {
   },
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: {
@@ -4098,7 +4123,11 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4110,7 +4139,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list: handleUnaryCall<MemoryServiceListRequest, MemoryServiceListResponse>;
@@ -4126,13 +4157,16 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget: handleUnaryCall<MemoryServiceForgetRequest, MemoryServiceForgetResponse>;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
@@ -4143,7 +4177,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust: handleUnaryCall<MemoryServiceReassertTrustRequest, MemoryServiceReassertTrustResponse>;
@@ -4154,13 +4190,17 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin: handleUnaryCall<MemoryServicePinRequest, MemoryServicePinResponse>;
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin: handleUnaryCall<MemoryServiceUnpinRequest, MemoryServiceUnpinResponse>;
@@ -4180,13 +4220,17 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   topics: handleUnaryCall<MemoryServiceTopicsRequest, MemoryServiceTopicsResponse>;
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import: handleUnaryCall<MemoryServiceImportRequest, MemoryServiceImportResponse>;
@@ -4211,7 +4255,11 @@ export interface MemoryServiceClient extends Client {
    * of them after cleaning); INVALID_ARGUMENT / SUPERSEDES_INVALID
    * (`supersedes` is not a live entry of this agent: re-read, do not retry);
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
-   * trust label: drop the label or ask an operator; metadata `role`).
+   * trust label: drop the label or ask an operator; metadata `role`);
+   * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
+   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
+   * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
    * Roles: service and operator; the operator trust label (provenance.trust)
    * needs the operator role (a service token gets PERMISSION_DENIED /
@@ -4237,7 +4285,9 @@ export interface MemoryServiceClient extends Client {
    * List returns live entries, oldest first. With `limit` it is the bounded
    * read (the newest `limit` entries within 16384 bytes of content, ties on
    * created_at broken by id ascending, presented oldest first); without, it pages through every live entry
-   * (AIP-158). Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
+   * (AIP-158; a page ends before 4 MiB of entries, half the server's message
+   * limit when lower, so it may hold fewer than page_size).
+   * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID.
    * Roles: service and operator.
    */
   list(
@@ -4281,7 +4331,9 @@ export interface MemoryServiceClient extends Client {
   /**
    * Forget tombstones a live entry. `forgotten = false` when this agent has
    * no live entry with that id (already forgotten, superseded, or unknown).
-   * Errors: the common ones. Idempotent with the same request_id.
+   * Errors: the common ones; ABORTED / TXN_CONTENDED (the agent's record
+   * lane kept moving under the write: retry it, with the same request_id).
+   * Idempotent with the same request_id.
    * Roles: service and operator.
    */
   forget(
@@ -4301,7 +4353,8 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Audit returns every entry, tombstoned and superseded included, oldest
-   * first, paginated (AIP-158). The operator's view of the record: it shows
+   * first, paginated (AIP-158; pages end before 4 MiB of entries, as List's).
+   * The operator's view of the record: it shows
    * what Forget hid, so it needs the operator role.
    * Errors: the common ones; PAGE_SIZE_INVALID, PAGE_TOKEN_INVALID;
    * PERMISSION_DENIED (not an operator).
@@ -4326,7 +4379,9 @@ export interface MemoryServiceClient extends Client {
    * ReassertTrust sets the trust label of a live entry (un-tombstoned and
    * not superseded; one appended record). `found = false` when there is none. Needs the
    * operator role: raising a label is a security decision.
-   * Errors: the common ones; PERMISSION_DENIED (not an operator).
+   * Errors: the common ones; PERMISSION_DENIED (not an operator); ABORTED /
+   * TXN_CONTENDED (the agent's record lane kept moving under the write: retry
+   * it, with the same request_id).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   reassertTrust(
@@ -4351,7 +4406,9 @@ export interface MemoryServiceClient extends Client {
    * later pin (unpin it to make room). Pins never evict; re-pinning a
    * pinned entry does not move it.
    * Errors: the common ones; NOT_FOUND / ENTRY_NOT_FOUND (no live entry of
-   * this agent with that id: re-read).
+   * this agent with that id: re-read); ABORTED / TXN_CONTENDED (the agent's
+   * record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   pin(
@@ -4371,7 +4428,9 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Unpin removes a pin, effective or inert. `unpinned = false` when the id
-   * holds no pin. Errors: the common ones.
+   * holds no pin. Errors: the common ones; ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under the write: retry it, with the same
+   * request_id).
    * Roles: service and operator.
    */
   unpin(
@@ -4433,13 +4492,17 @@ export interface MemoryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Import appends entries verbatim (ids, timestamps, kinds, validity),
-   * re-keyed to this agent, usage dropped. Ids the agent already holds are
+   * re-keyed to this agent, usage dropped. An entry marked `forgotten` (as
+   * Audit returns it) is imported tombstoned: never live, still in Audit.
+   * Ids the agent already holds are
    * skipped and reported, so re-running an import is a no-op. Needs the
    * operator role. Entries are written in chunks of up to 100; a failed
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
-   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID naming the entry
-   * (nothing of the call is written).
+   * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
+   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
+   * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   import(
