@@ -168,6 +168,8 @@ class Supervisor:
             *lines, worker.pending = (worker.pending + chunk).split(b"\n")
             for line in lines:
                 worker.ready = worker.ready or line.startswith(READY_LINE)
+                if line.startswith(b"fencepost "):  # its banners: say whose (log lines name it already)
+                    line = b"[worker %d] " % worker.index + line
                 sys.stdout.buffer.write(line + b"\n")
             sys.stdout.flush()
 

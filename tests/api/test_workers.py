@@ -44,6 +44,8 @@ def _start(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[byt
             stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     _wait_for(lambda: out.read_text().count("fencepost serving on") == 2, "two workers")
+    # each worker's banner says whose it is (two identical lines told nothing)
+    assert {f"[worker {i}] fencepost serving on" in out.read_text() for i in (0, 1)} == {True}
     return proc, out
 
 
