@@ -427,7 +427,7 @@ class MemoryStore:
                     records.append(entry_record(e))
                     if e.id in forgotten:
                         records.append({"t": FORGET, "id": e.id, "at": at})
-                return _Decision(records, lambda f, n=len(ids): (n, dup))
+                return _Decision(records, lambda f: (len(ids), dup))
 
             n, dup = await self._write(tenant, agent, decide)
             imported += n
