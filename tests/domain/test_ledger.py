@@ -151,6 +151,17 @@ async def test_large_payloads_go_to_blobs_and_orphans_are_swept(storage: Storage
     assert ledger.janitor.stats.blobs_swept == 1
 
 
+async def test_duplicate_large_delivery_leaves_no_blob(storage: Storage) -> None:
+    ledger = Ledger(storage, config=LedgerConfig(inline_event_bytes=16), clock=FakeClock())
+    sid = await _session(ledger)
+    first = await ledger.deliver(T, session_id=sid, payload=b"x" * 1000, dedupe_key="src-1")
+    again = await ledger.deliver(T, session_id=sid, payload=b"x" * 1000, dedupe_key="src-1")
+    assert again.duplicate and again.inbox_id == first.inbox_id
+    # the duplicate's own blob is removed at once, not left for the janitor
+    blobs = await storage.list(ledger.keys(T, sid).blobs, None, 10)
+    assert [b.key for b in blobs] == [ledger.keys(T, sid).blob_key(first.inbox_id)]
+
+
 async def test_janitor_finds_orphans_and_sweeps_stale_pending(storage: Storage) -> None:
     clock = FakeClock()
     ledger = Ledger(storage, config=LedgerConfig(orphan_grace=5), clock=clock)

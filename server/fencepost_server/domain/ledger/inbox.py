@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Item, Put, Write
+from ...storage import Check, Item, Put, StorageError, Write
 from ..errors import NotFound, limit_error
 from ..paging import ENTRY_OVERHEAD, fits, page_size
 from .core import ABSENT, PRESENT, LedgerBase, bad, check_holder, contended
@@ -122,9 +122,13 @@ class InboxMethods(SessionMethods, LeaseMethods):
             res = await self.storage.transact(checks, writes)
             if res.applied:
                 return inbox_id, False
-            if 0 in res.failed:
-                if len(payload) > self.config.inline_event_bytes:  # the session is gone (deleted): leave no blob behind
+            if len(payload) > self.config.inline_event_bytes and len(checks) not in res.failed:
+                # This attempt's blob has no entry (session gone, duplicate, or
+                # blob swept): remove it now rather than at the janitor's grace
+                # sweep. Not when the entry's id was taken: that blob is theirs.
+                with contextlib.suppress(StorageError):
                     await self.storage.delete(sk.blob_key(inbox_id))
+            if 0 in res.failed:
                 raise session_not_found(sk.sid)
             if dedupe_key:
                 first = await self.storage.get(sk.dedupe_key(dedupe_key))
