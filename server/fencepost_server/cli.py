@@ -15,6 +15,7 @@ from fencepost.cli.args import (
     Parser,
     add_version_flag,
     host_port,
+    int_at_least,
     log_level,
     non_negative_seconds,
     positive_int,
@@ -40,6 +41,12 @@ class Exit:
     INTERRUPTED = 130
 
 
+# A page of a listing is at most half the message limit, and one entry of the
+# largest key and value (256 KiB) must fit in a page: below this some stored
+# items could be written but never listed.
+_MESSAGE_BYTES = int_at_least(1024 * 1024, "1 MiB: a largest key and value must fit in one list page, half of it")
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server",
                        epilog="exit codes: 0 stopped, 1 unexpected failure, 2 a flag or configuration file "
@@ -54,7 +61,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: sqlite under --state-root)")
     p.add_argument("--grace", type=non_negative_seconds, metavar="SECONDS", default=10.0,
                    help="seconds >= 0 to drain in-flight RPCs on shutdown (default %(default)s)")
-    p.add_argument("--max-receive-bytes", type=positive_int, metavar="BYTES", default=8 * 1024 * 1024,
+    p.add_argument("--max-receive-bytes", type=_MESSAGE_BYTES, metavar="BYTES", default=8 * 1024 * 1024,
                    help="largest request or response message in bytes (default %(default)s)")
     p.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
                    help="run on uvloop when installed (default: on)")

@@ -67,7 +67,8 @@ def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: s
     pytest.param("--log-level", "bogus", "DEBUG, INFO", id="log-level"),
     pytest.param("--grace", "-5", ">= 0", id="grace-negative"),
     pytest.param("--grace", "nan", ">= 0", id="grace-nan"),
-    pytest.param("--max-receive-bytes", "0", ">= 1", id="max-receive-bytes-zero"),
+    pytest.param("--max-receive-bytes", "0", ">= 1048576", id="max-receive-bytes-zero"),
+    pytest.param("--max-receive-bytes", "1048575", "list page", id="max-receive-bytes-under-a-page"),
     pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
     pytest.param("--retention-seconds", "0", "> 0", id="retention-seconds-zero"),  # passes back to back
 ])

@@ -49,6 +49,11 @@ positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
 non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 
 
+def int_at_least(low: int, why: str) -> Callable[[str], int]:
+    """An integer >= `low`; `why` says what the floor protects."""
+    return _number(int, f"an integer >= {low} ({why})", lambda v: v >= low)
+
+
 def host_port(text: str) -> str:
     """`HOST:PORT` (`[::1]:PORT` for IPv6) with PORT 1..65535, or 0 for any
     free port (the start-up line then names the one picked)."""
