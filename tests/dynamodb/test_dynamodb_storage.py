@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fencepost_server.domain.ledger import Ledger
-from fencepost_server.storage import Check, Expect, Put
+from fencepost_server.storage import MAX_TXN_BYTES, Check, Expect, InvalidTransaction, Put, key_bytes
+from fencepost_server.storage.base import validate_transaction
 from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.memory import MemoryStorage
 from tests.dynamo_support import REGION, moto_endpoint, new_dynamo_storage
@@ -198,3 +199,19 @@ async def test_transaction_too_big_to_carry_its_directory_entries(dynamo: Dynamo
         assert await cold.list_keys("p", None, 1000) == keys
     finally:
         await cold.close()
+
+
+async def test_transaction_over_dynamodbs_own_size_count_is_refused_before_sending(dynamo: DynamoStorage) -> None:
+    """Keys plus values within the contract's 4 MiB, but DynamoDB also counts
+    attribute names, the partition prefix and versions: refused as too large
+    (TXN_TOO_LARGE) rather than sent and answered with a ValidationException."""
+    value = b"v" * (256 * 1024)
+    keys = [f"big/{i:02d}" for i in range(16)]
+    last = MAX_TXN_BYTES - 1 - len(value) * 15 - key_bytes(keys)  # one byte under the contract's limit
+    writes = [Put(k, value) for k in keys[:15]] + [Put(keys[15], b"v" * last)]
+    validate_transaction([], writes)  # within the storage contract
+    sent = await count_requests(dynamo)
+    with pytest.raises(InvalidTransaction) as refused:
+        await dynamo.transact([], writes)
+    assert refused.value.limit == MAX_TXN_BYTES and refused.value.size > MAX_TXN_BYTES
+    assert sent["TransactWriteItems"] == 0 and await dynamo.get(keys[0]) is None

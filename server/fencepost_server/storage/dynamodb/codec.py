@@ -61,6 +61,18 @@ def key_from(attrs: Attributes) -> str:
     return attrs[PARTITION_KEY]["S"][len(ITEM_PK_PREFIX):] + decode_rest(attrs[SORT_KEY]["S"])
 
 
+def transaction_bytes(items: list[Attributes]) -> int:
+    """TransactWriteItems entries' aggregate item size as DynamoDB counts it
+    against its 4 MB limit: attribute names plus values (keys of checks and
+    deletes too), so more than the storage contract's keys plus values."""
+    size = 0
+    for entry in items:
+        (body,) = entry.values()
+        for name, value in (body.get("Item") or body["Key"]).items():
+            size += len(name) + (len(value["B"]) if "B" in value else len(value["S"].encode()))
+    return size
+
+
 def directory_put(table: str, partition: str) -> Attributes:
     """The TransactWriteItems entry recording that `partition` exists."""
     return {"Put": {"TableName": table, "Item": {

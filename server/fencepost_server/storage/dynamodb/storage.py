@@ -39,11 +39,13 @@ from botocore.exceptions import ClientError
 
 from ..base import (
     EXPORT_PAGE,
+    MAX_TXN_BYTES,
     BackendUnavailable,
     CasResult,
     Check,
     CountKeys,
     Delete,
+    InvalidTransaction,
     Item,
     Put,
     Storage,
@@ -61,6 +63,7 @@ from .codec import (
     directory_put,
     item_from,
     key_from,
+    transaction_bytes,
 )
 from .errors import Ambiguous, RetryPolicy, error_code, with_retries
 from .layout import KeyLayout
@@ -408,6 +411,11 @@ class DynamoStorage(Storage):
             await self._write_directory(new_partitions)
             new_partitions = []
         items = [e for _, e in operations] + [directory_put(self.table, p) for p in new_partitions]
+        size = transaction_bytes(items)
+        if size > MAX_TXN_BYTES:  # DynamoDB would refuse it as a ValidationException
+            raise InvalidTransaction(
+                f"transaction is {size} bytes as DynamoDB counts items (limit {MAX_TXN_BYTES})",
+                limit=MAX_TXN_BYTES, size=size)
         token = random_hex(16)
         client = await self.client()
 
