@@ -270,3 +270,27 @@ async def test_the_progress_total_counts_the_markers_kept_in_rows(tmp_path: Path
     async with source(url, tmp_path / "snapshot.db") as src:
         exported = [i async for page in src.read.export_items() for i in page]
         assert len(exported) == 2 and count_snapshot(src) == 2
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+async def test_backup_into_an_existing_directory_is_refused_up_front(
+    tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--out` naming a directory is a usage error before anything is read or
+    written (it used to read the whole store, then fail at the final rename)."""
+    db = tmp_path / "live.db"
+    await _fill(f"sqlite://{db}", 20)
+    out = tmp_path / ("backups" + suffix)
+    out.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert await _main("backup", "--backend", f"sqlite://{db}", "--out", str(out)) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert f"--out {out} is a directory" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and list(out.iterdir()) == []
+
+
+def test_backup_into_a_missing_directory_is_refused_up_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(_fill(f"sqlite://{tmp_path / 'a.db'}", 3))
+    out = tmp_path / "no" / "such" / "x.arch"
+    assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(out)]) == Exit.USAGE
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()

@@ -58,6 +58,7 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     snapshot_file = out.with_name(out.name + ".snapshot.db")
     refuse_memory(url)
     refuse_own_files(url, out, "--out")
+    refuse_unwritable_out(out)
     try:
         async with source(url, snapshot_file) as src:
             progress = Progress("backup", count_snapshot(src), stream=stream)
@@ -81,6 +82,17 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     except StorageError as exc:
         raise LifecycleError(f"backup of {url} failed: {exc}") from exc
     return BackupReport(trailer.items, trailer.chunks, src.consistency, quiesced, loop.time() - started)
+
+
+def refuse_unwritable_out(out: Path) -> None:
+    """USAGE, before the store is read: the archive is renamed onto `out` only
+    at the end, so a directory there (or no directory to hold it) would
+    otherwise fail after the whole read, with an OS error."""
+    if out.is_dir():
+        raise LifecycleError(f"--out {out} is a directory: name the archive file to write in it "
+                             f"(e.g. {out / 'fencepost.arch.gz'})", Exit.USAGE)
+    if not out.parent.is_dir():
+        raise LifecycleError(f"--out {out}: the directory {out.parent} does not exist", Exit.USAGE)
 
 
 async def _iterate(summaries: list[RangeSummary]) -> AsyncIterator[RangeSummary]:
