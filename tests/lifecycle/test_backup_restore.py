@@ -124,6 +124,10 @@ def _damage(path: Path, how: str) -> None:
         header = json.loads(lines[0])
         header["watermarks"] = []
         lines[0] = (json.dumps(header) + "\n").encode()
+    elif how == "flip quiesced":  # the trailer's flag: a logical backup claiming a quiesced source
+        trailer = json.loads(lines[-1])
+        trailer["quiesced"] = not trailer["quiesced"]
+        lines[-1] = (json.dumps(trailer, separators=(",", ":")) + "\n").encode()
     elif how == "edit a chunk and its hash":  # re-hashed chunk: only the trailer catches it
         import hashlib
 
@@ -136,7 +140,7 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["flip a byte", "drop a chunk", "swap chunks", "truncate", "edit the header",
-                                 "edit a chunk and its hash"])
+                                 "edit a chunk and its hash", "flip quiesced"])
 async def test_restore_refuses_a_damaged_archive_before_writing(tmp_path: Path, how: str,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
@@ -294,3 +298,34 @@ def test_backup_into_a_missing_directory_is_refused_up_front(tmp_path: Path, cap
     out = tmp_path / "no" / "such" / "x.arch"
     assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(out)]) == Exit.USAGE
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
+async def test_a_v1_archive_still_restores_but_does_not_vouch_for_quiescence(tmp_path: Path) -> None:
+    """Archives written before the trailer's hash covered `quiesced` (format
+    v1) are still read; their flag, which nothing protects, reads as False."""
+    import hashlib
+
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    items = await _fill(source, 30)
+    out = tmp_path / "backup.arch"
+    assert await _main("backup", "--backend", source, "--out", str(out), "--page", "10") == 0
+    lines = out.read_bytes().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    assert header["v"] == 2 and ArchiveReader(out).verify().quiesced
+    header["v"] = 1
+    lines[0] = (json.dumps(header, separators=(",", ":")) + "\n").encode()
+    digest = hashlib.sha256(lines[0])  # v1: header line and chunk hashes only
+    for line in lines[1:-1]:
+        digest.update(json.loads(line)["sha256"].encode())
+    trailer = json.loads(lines[-1])
+    trailer["sha256"] = digest.hexdigest()
+    lines[-1] = (json.dumps(trailer, separators=(",", ":")) + "\n").encode()
+    out.write_bytes(b"".join(lines))
+    assert ArchiveReader(out).verify().quiesced is False
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    assert await _main("restore", "--backend", target, "--in", str(out)) == 0
+    storage = open_backend(target)
+    try:
+        assert await _items(storage) == items
+    finally:
+        await storage.close()
