@@ -329,3 +329,31 @@ async def test_a_v1_archive_still_restores_but_does_not_vouch_for_quiescence(tmp
         assert await _items(storage) == items
     finally:
         await storage.close()
+
+
+async def test_the_migration_total_counts_a_marker_once_when_it_has_a_row_too(tmp_path: Path) -> None:
+    """A marker kept in its item's row and also present as a row of its own is
+    exported once (the row wins): the progress total must count it once, and
+    match what is copied (it said 3/4)."""
+    import sqlite3
+
+    from fencepost_server.lifecycle import migrate
+
+    db = tmp_path / "a.db"
+    storage = open_backend(f"sqlite://{db}")
+    async with running(storage) as srv, srv.client(timeout=10) as client:
+        await client.put("k", b"v", request_id="r1")
+        await client.put("j", b"w")
+    await storage.close()
+    conn = sqlite3.connect(str(db))
+    with conn:
+        (marker, value, version), = conn.execute(
+            "SELECT marker_key, marker_value, version FROM kv WHERE marker_key IS NOT NULL").fetchall()
+        conn.execute("INSERT INTO kv (key, value, version) VALUES (?, ?, ?)", (marker, value, "m" + version))
+    conn.close()
+    out = io.StringIO()
+    report = await migrate(f"sqlite://{db}", f"sqlite://{tmp_path / 'b.db'}", work_dir=tmp_path / "work", stream=out)
+    assert report.verification.same and report.copied == 3
+    assert out.getvalue().splitlines()[-1].startswith("migrate: 3/3 items")
+    async with source(f"sqlite://{db}", tmp_path / "snapshot.db") as src:
+        assert count_snapshot(src) == 3
