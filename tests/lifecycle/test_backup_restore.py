@@ -357,3 +357,25 @@ async def test_the_migration_total_counts_a_marker_once_when_it_has_a_row_too(tm
     assert out.getvalue().splitlines()[-1].startswith("migrate: 3/3 items")
     async with source(f"sqlite://{db}", tmp_path / "snapshot.db") as src:
         assert count_snapshot(src) == 3
+
+
+@pytest.mark.backend("dynamodb")
+async def test_restore_into_dynamodb_refuses_an_item_over_its_limit_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    await _fill(source, 10)
+    storage = open_backend(source)
+    try:
+        await storage.put("t/kv/huge", b"x" * (400 * 1024))
+    finally:
+        await storage.close()
+    out = tmp_path / "backup.arch"
+    assert await _main("backup", "--backend", source, "--out", str(out)) == 0
+    table = await new_dynamo_storage()
+    try:
+        assert await _main("restore", "--backend", backend_url(table.table), "--in", str(out)) == Exit.REFUSED
+        assert "'t/kv/huge'" in capsys.readouterr().err
+        assert await _items(table) == []  # refused before anything was written
+    finally:
+        await table.close()

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, StorageError
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
+from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
     Exit,
@@ -124,6 +125,10 @@ async def restore(
             await target.create_table()
         if not await is_empty(target):
             raise LifecycleError(f"{url} is not empty: restore only writes into an empty store", Exit.REFUSED)
+        sizer = item_sizer(target)
+        if sizer is not None:  # an item the target cannot hold: refused before anything is written
+            for items in reader.chunks():
+                refuse_unfit(sizer, items, url)
         progress = Progress("restore", trailer.items, stream=stream)
         await target.reserve_versions(reader.header.watermarks)
         for items in reader.chunks():

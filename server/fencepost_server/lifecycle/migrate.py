@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, Storage, StorageError
+from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
     Exit,
@@ -109,7 +110,10 @@ def work_dir_for(source_url: str, target_url: str, root: Path = DEFAULT_WORK_ROO
 PAGES_IN_FLIGHT = 2
 
 
-async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress) -> None:
+async def _copy(
+    src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress, target_url: str = ""
+) -> None:
+    sizer = item_sizer(target)
     pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
 
     async def read() -> None:
@@ -132,6 +136,7 @@ async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int
     reader = asyncio.create_task(read())
     try:
         while (items := await pages.get()) is not None:
+            refuse_unfit(sizer, items, target_url)  # before any item of the page is sent
             writing.append((asyncio.create_task(target.import_items(items)), items))
             if len(writing) >= PAGES_IN_FLIGHT:
                 await settle_oldest()
@@ -188,7 +193,7 @@ async def migrate(
                           checkpoint.phase != "copy", keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
-                await _copy_phase(src, target, checkpoint, page, stream)
+                await _copy_phase(src, target, checkpoint, page, stream, target_url)
             copy_seconds = loop.time() - started
             started = loop.time()
             verification = await compare(src.live.export_items(None, page), target.export_items(None, page))
@@ -208,12 +213,14 @@ async def migrate(
                            already_done)
 
 
-async def _copy_phase(src: Source, target: Storage, checkpoint: Checkpoint, page: int, stream: TextIO | None) -> None:
+async def _copy_phase(
+    src: Source, target: Storage, checkpoint: Checkpoint, page: int, stream: TextIO | None, target_url: str
+) -> None:
     total = count_snapshot(src)
     progress = Progress("migrate", total, stream=stream)
     progress.resume(checkpoint.copied)
     await target.reserve_versions(await src.read.version_watermarks())
-    await _copy(src.read, target, checkpoint, page, progress)
+    await _copy(src.read, target, checkpoint, page, progress, target_url)
     progress.finish()
     checkpoint.phase = "verify"
     checkpoint.save()
