@@ -43,8 +43,10 @@ def item_sizer(target: Storage) -> Callable[[Item], int] | None:
     return size
 
 
-def refuse_unfit(sizer: Callable[[Item], int] | None, items: Iterable[Item], target_url: str) -> None:
-    """REFUSED, naming the first item the target cannot hold."""
+def refuse_unfit(
+    sizer: Callable[[Item], int] | None, items: Iterable[Item], target_url: str, then: str = ""
+) -> None:
+    """REFUSED, naming the first item the target cannot hold (`then`: what to do after fixing it)."""
     if sizer is None:
         return
     for item in items:
@@ -52,9 +54,9 @@ def refuse_unfit(sizer: Callable[[Item], int] | None, items: Iterable[Item], tar
             size = sizer(item)
         except StorageError as exc:
             raise LifecycleError(f"{target_url} cannot hold the item {item.key!r}: {exc}. Shorten or delete "
-                                 "that key in the source, or keep this store on SQLite", Exit.REFUSED) from None
+                                 f"that key in the source, or keep this store on SQLite{then}", Exit.REFUSED) from None
         if size > DYNAMODB_MAX_ITEM_BYTES:
             raise LifecycleError(
                 f"{target_url} cannot hold the item {item.key!r}: {size:,} bytes with its key and version, over "
                 f"DynamoDB's 400 KB item limit ({DYNAMODB_MAX_ITEM_BYTES:,} bytes). Shrink or delete that item "
-                "in the source, or keep this store on SQLite", Exit.REFUSED)
+                f"in the source, or keep this store on SQLite{then}", Exit.REFUSED)

@@ -105,6 +105,9 @@ def work_dir_for(source_url: str, target_url: str, root: Path = DEFAULT_WORK_ROO
     return root / hashlib.sha256(f"{source_url}\n{target_url}".encode()).hexdigest()[:16]
 
 
+_START_OVER = (". Then empty the target and delete the work directory (a resumed run copies from the same "
+               "snapshot, which still holds the item), and run the command again")
+
 #: pages being written at once: the next page starts while the last requests
 #: of the previous one finish, so the target never idles at a page boundary
 PAGES_IN_FLIGHT = 2
@@ -136,7 +139,9 @@ async def _copy(
     reader = asyncio.create_task(read())
     try:
         while (items := await pages.get()) is not None:
-            refuse_unfit(sizer, items, target_url)  # before any item of the page is sent
+            # before any item of the page is sent; a resumed run would copy from the
+            # same snapshot, which still holds the item: the fix needs a fresh start
+            refuse_unfit(sizer, items, target_url, then=_START_OVER)
             writing.append((asyncio.create_task(target.import_items(items)), items))
             if len(writing) >= PAGES_IN_FLIGHT:
                 await settle_oldest()
