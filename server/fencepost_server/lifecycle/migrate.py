@@ -186,16 +186,21 @@ async def migrate(
                                      "(or resumes its own interrupted run)", Exit.REFUSED)
             checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
             checkpoint.save()
+            reuse = False
         elif checkpoint.copied and await is_empty(target):
             # resuming would skip what the checkpoint says is there, and the
             # verification would fail on every run without saying why
             raise LifecycleError(f"{target_url} is empty, but the checkpoint in {work} says {checkpoint.copied} "
                                  "items were copied to it: the target was replaced since. Delete that work "
                                  "directory to migrate from the start", Exit.REFUSED)
+        else:
+            # resume from the earlier run's snapshot, also when it died before its first
+            # checkpoint: the pages it wrote (a non-empty target) are of that point in
+            # time, and a fresh snapshot would leave the target a mix of two
+            reuse = checkpoint.copied > 0 or checkpoint.phase != "copy" or not await is_empty(target)
         resumed_after = checkpoint.copied
         already_done = checkpoint.phase == "done"
-        async with source(source_url, work / "source-snapshot.db", reuse=resumed_after > 0 or
-                          checkpoint.phase != "copy", keep=True) as src:
+        async with source(source_url, work / "source-snapshot.db", reuse=reuse, keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
                 await _copy_phase(src, target, checkpoint, page, stream, target_url)
