@@ -89,6 +89,8 @@ class AppContext:
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
     shared: dict[str, Any] = field(default_factory=dict)
+    #: the tenant names this server serves (retention names hashed tenant segments with them)
+    tenants: Callable[[], set[str]] = set
 
     @property
     def limits(self) -> Limits:
@@ -227,7 +229,8 @@ def _admin(ctx: AppContext, server: HandlerRegistry) -> str:
     ctx.background.append(eraser.run)
     retention = s.retention_config()
     if retention.enabled:
-        sweeper = Retention(ctx.storage, _ledger_of(ctx), _journal_of(ctx), retention, events=ctx.events)
+        sweeper = Retention(ctx.storage, _ledger_of(ctx), _journal_of(ctx), retention, events=ctx.events,
+                            tenants=ctx.tenants)
         ctx.background.append(sweeper.run)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(eraser, ctx.auth, ctx.observer), server)
     return admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
@@ -297,7 +300,7 @@ class App:
         registry = HandlerRegistry(server)
         ctx = AppContext(
             self.settings, self.storage, self.auth, self.observer, RequestLog(self.storage), self.metrics.event,
-            self.pages,
+            self.pages, tenants=self.known_tenants,
         )
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain
@@ -340,6 +343,13 @@ class App:
         if port == 0:
             raise StartFailure(f"cannot listen on {s.listen}")
         return port
+
+    def known_tenants(self) -> set[str]:
+        """The tenants this server can serve: the identity files' (as loaded now) and the default."""
+        known = {self.settings.default_tenant}
+        if self.identities is not None:
+            known |= self.identities.tenants()
+        return known
 
     def reload_identities(self) -> None:
         """SIGHUP: re-read the tokens file and SPIFFE map."""

@@ -124,6 +124,10 @@ def _damage(path: Path, how: str) -> None:
         header = json.loads(lines[0])
         header["watermarks"] = []
         lines[0] = (json.dumps(header) + "\n").encode()
+    elif how == "flip quiesced":  # the trailer's flag: a logical backup claiming a quiesced source
+        trailer = json.loads(lines[-1])
+        trailer["quiesced"] = not trailer["quiesced"]
+        lines[-1] = (json.dumps(trailer, separators=(",", ":")) + "\n").encode()
     elif how == "edit a chunk and its hash":  # re-hashed chunk: only the trailer catches it
         import hashlib
 
@@ -136,7 +140,7 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["flip a byte", "drop a chunk", "swap chunks", "truncate", "edit the header",
-                                 "edit a chunk and its hash"])
+                                 "edit a chunk and its hash", "flip quiesced"])
 async def test_restore_refuses_a_damaged_archive_before_writing(tmp_path: Path, how: str,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
@@ -270,3 +274,108 @@ async def test_the_progress_total_counts_the_markers_kept_in_rows(tmp_path: Path
     async with source(url, tmp_path / "snapshot.db") as src:
         exported = [i async for page in src.read.export_items() for i in page]
         assert len(exported) == 2 and count_snapshot(src) == 2
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+async def test_backup_into_an_existing_directory_is_refused_up_front(
+    tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--out` naming a directory is a usage error before anything is read or
+    written (it used to read the whole store, then fail at the final rename)."""
+    db = tmp_path / "live.db"
+    await _fill(f"sqlite://{db}", 20)
+    out = tmp_path / ("backups" + suffix)
+    out.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert await _main("backup", "--backend", f"sqlite://{db}", "--out", str(out)) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert f"--out {out} is a directory" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and list(out.iterdir()) == []
+
+
+def test_backup_into_a_missing_directory_is_refused_up_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(_fill(f"sqlite://{tmp_path / 'a.db'}", 3))
+    out = tmp_path / "no" / "such" / "x.arch"
+    assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(out)]) == Exit.USAGE
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
+async def test_a_v1_archive_still_restores_but_does_not_vouch_for_quiescence(tmp_path: Path) -> None:
+    """Archives written before the trailer's hash covered `quiesced` (format
+    v1) are still read; their flag, which nothing protects, reads as False."""
+    import hashlib
+
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    items = await _fill(source, 30)
+    out = tmp_path / "backup.arch"
+    assert await _main("backup", "--backend", source, "--out", str(out), "--page", "10") == 0
+    lines = out.read_bytes().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    assert header["v"] == 2 and ArchiveReader(out).verify().quiesced
+    header["v"] = 1
+    lines[0] = (json.dumps(header, separators=(",", ":")) + "\n").encode()
+    digest = hashlib.sha256(lines[0])  # v1: header line and chunk hashes only
+    for line in lines[1:-1]:
+        digest.update(json.loads(line)["sha256"].encode())
+    trailer = json.loads(lines[-1])
+    trailer["sha256"] = digest.hexdigest()
+    lines[-1] = (json.dumps(trailer, separators=(",", ":")) + "\n").encode()
+    out.write_bytes(b"".join(lines))
+    assert ArchiveReader(out).verify().quiesced is False
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    assert await _main("restore", "--backend", target, "--in", str(out)) == 0
+    storage = open_backend(target)
+    try:
+        assert await _items(storage) == items
+    finally:
+        await storage.close()
+
+
+async def test_the_migration_total_counts_a_marker_once_when_it_has_a_row_too(tmp_path: Path) -> None:
+    """A marker kept in its item's row and also present as a row of its own is
+    exported once (the row wins): the progress total must count it once, and
+    match what is copied (it said 3/4)."""
+    import sqlite3
+
+    from fencepost_server.lifecycle import migrate
+
+    db = tmp_path / "a.db"
+    storage = open_backend(f"sqlite://{db}")
+    async with running(storage) as srv, srv.client(timeout=10) as client:
+        await client.put("k", b"v", request_id="r1")
+        await client.put("j", b"w")
+    await storage.close()
+    conn = sqlite3.connect(str(db))
+    with conn:
+        (marker, value, version), = conn.execute(
+            "SELECT marker_key, marker_value, version FROM kv WHERE marker_key IS NOT NULL").fetchall()
+        conn.execute("INSERT INTO kv (key, value, version) VALUES (?, ?, ?)", (marker, value, "m" + version))
+    conn.close()
+    out = io.StringIO()
+    report = await migrate(f"sqlite://{db}", f"sqlite://{tmp_path / 'b.db'}", work_dir=tmp_path / "work", stream=out)
+    assert report.verification.same and report.copied == 3
+    assert out.getvalue().splitlines()[-1].startswith("migrate: 3/3 items")
+    async with source(f"sqlite://{db}", tmp_path / "snapshot.db") as src:
+        assert count_snapshot(src) == 3
+
+
+@pytest.mark.backend("dynamodb")
+async def test_restore_into_dynamodb_refuses_an_item_over_its_limit_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    await _fill(source, 10)
+    storage = open_backend(source)
+    try:
+        await storage.put("t/kv/huge", b"x" * (400 * 1024))
+    finally:
+        await storage.close()
+    out = tmp_path / "backup.arch"
+    assert await _main("backup", "--backend", source, "--out", str(out)) == 0
+    table = await new_dynamo_storage()
+    try:
+        assert await _main("restore", "--backend", backend_url(table.table), "--in", str(out)) == Exit.REFUSED
+        assert "'t/kv/huge'" in capsys.readouterr().err
+        assert await _items(table) == []  # refused before anything was written
+    finally:
+        await table.close()

@@ -4,6 +4,7 @@ run again: it resumes from its checkpoint and verifies clean."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -145,3 +146,54 @@ async def test_a_replaced_target_is_refused_with_the_way_out(tmp_path: Path) -> 
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert "empty" in err and "10 items" in err and str(work) in err
+
+
+async def test_a_run_that_died_before_its_first_checkpoint_resumes_from_its_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages were written, but the process died before the first checkpoint
+    said so (copied 0). The rerun must copy from the same snapshot: a fresh
+    one, taken after the source changed, left the target a mix of two points
+    in time (an item deleted since stayed, from the first run's pages)."""
+    from fencepost_server.lifecycle.migrate import Checkpoint, migrate
+
+    source = await _source(tmp_path / "source.db", 40)
+    src = open_backend(source)
+    try:
+        at_first_run = [i async for page in src.export_items() for i in page]
+    finally:
+        await src.close()
+    target, work = f"sqlite://{tmp_path / 'target.db'}", tmp_path / "work"
+
+    real_save, saves = Checkpoint.save, []
+
+    def dies_on_the_first_page(self: Checkpoint) -> None:
+        saves.append(self.copied)
+        if self.copied:  # the first checkpoint after a page: the process dies instead
+            raise SystemExit("killed")
+        real_save(self)
+
+    monkeypatch.setattr(Checkpoint, "save", dies_on_the_first_page)
+    with pytest.raises(SystemExit):
+        await migrate(source, target, work_dir=work, page=10, stream=io.StringIO())
+    monkeypatch.setattr(Checkpoint, "save", real_save)
+    assert json.loads((work / "checkpoint.json").read_text())["copied"] == 0
+    dst = open_backend(target)
+    try:
+        assert [i async for page in dst.export_items() for i in page]  # pages landed
+    finally:
+        await dst.close()
+
+    src = open_backend(source)  # the source changes before the rerun (a server still writing)
+    try:
+        await src.delete(at_first_run[0].key)
+        await src.put("t0/kv/new-since", b"new")
+    finally:
+        await src.close()
+    report = await migrate(source, target, work_dir=work, page=10, stream=io.StringIO())
+    dst = open_backend(target)
+    try:
+        assert [i async for page in dst.export_items() for i in page] == at_first_run  # one point in time
+    finally:
+        await dst.close()
+    assert not report.verification.same  # the live source moved on: exit 5 says so

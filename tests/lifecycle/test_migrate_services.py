@@ -4,13 +4,14 @@ versions, lease generations, commit ids and dedupe keys keep their meaning."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
 import fencepost
 from fencepost import errors
-from fencepost_server.lifecycle import migrate
+from fencepost_server.lifecycle import Exit, LifecycleError, migrate
 from fencepost_server.storage import Storage, open_backend
 from fencepost_server.storage.dynamodb import DynamoStorage
 from tests.conftest import running
@@ -132,3 +133,23 @@ async def test_no_aba_across_sqlite_to_sqlite(tmp_path: Path) -> None:
 
 def test_dynamo_support_is_importable() -> None:
     assert DynamoStorage  # the emulator tests above must never skip
+
+
+@pytest.mark.backend("dynamodb")
+async def test_a_value_over_dynamodbs_item_limit_is_refused_by_name(tmp_path: Path) -> None:
+    """SQLite holds any value; a DynamoDB item is at most 400 KB. The migration
+    refuses (exit 3) naming the key and its size, before writing that page,
+    instead of failing on an opaque ValidationException from BatchWriteItem."""
+    source = f"sqlite://{tmp_path / 'source.db'}"
+    storage = open_backend(source)
+    try:
+        await storage.put("t/kv/small", b"x" * 100)
+        await storage.put("t/kv/huge", b"x" * (400 * 1024))  # with its key and version: over 400 KB
+    finally:
+        await storage.close()
+    target = await _dynamo_url()
+    with pytest.raises(LifecycleError) as exc:
+        await migrate(source, target, work_dir=tmp_path / "work", stream=io.StringIO())
+    assert exc.value.code == Exit.REFUSED
+    message = str(exc.value)
+    assert "'t/kv/huge'" in message and "400 KB" in message and "ValidationException" not in message

@@ -186,8 +186,11 @@ def archive_name(rotated_ms: int, gen: int) -> str:
 class _Keys:
     __slots__ = ("root", "tail", "head", "lease", "archive")
 
-    def __init__(self, tenant: str, agent: str) -> None:
-        self.root = TenantKeys(tenant).agent(agent) + "journal/"
+    def __init__(self, tenant: str, agent: str, *, agent_prefix: str | None = None) -> None:
+        # agent_prefix: the agent's stored prefix, for a caller that has only the
+        # key (retention: a hashed segment cannot be turned back into the name)
+        prefix = agent_prefix if agent_prefix is not None else TenantKeys(tenant).agent(agent)
+        self.root = prefix + "journal/"
         self.tail = self.root + "tail/"
         self.head = self.root + "head"
         self.lease = self.root + "lease"
@@ -373,7 +376,15 @@ class Journal:
         """Retention: delete the archives rotated before `before_ms`, segments
         first and the archive marker last, so a crash mid-way leaves a listed
         archive that the next pass deletes again. Returns how many went."""
-        keys = _keys(tenant, agent)
+        return await self._expire(_keys(tenant, agent), before_ms)
+
+    async def expire_archives_under(self, agent_prefix: str, before_ms: int) -> int:
+        """expire_archives for the agent whose keys start with `agent_prefix`
+        (`{tenant}/sys/agentkit/v1/{agent}/`, segments as stored): retention
+        walks keys, and a hashed tenant or agent segment has no name to pass."""
+        return await self._expire(_Keys("", "", agent_prefix=agent_prefix), before_ms)
+
+    async def _expire(self, keys: _Keys, before_ms: int) -> int:
         removed = 0
         for item in await self._list_all(keys.archive):
             info = json.loads(item.value)

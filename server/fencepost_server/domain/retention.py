@@ -17,6 +17,14 @@ logs and KV spaces are jumped over, not read), and stops after `batch` list
 calls; the next pass goes on from where it stopped, so every pass is bounded
 and every agent is visited in turn. Every action is idempotent or
 conditional, so several replicas may sweep at once.
+
+A tenant or agent segment over 256 encoded bytes is stored hashed, so the walk
+cannot read its name back from the key. Archives and commit markers are swept
+by key prefix (they need no name); an idle session takes its agent from its
+session id, and its tenant from the tenants the server knows (`tenants`: the
+identity files' and the default one). The tombstone records the tenant for the
+janitor, so a hashed tenant the server no longer knows keeps its idle
+sessions (counted as waiting).
 """
 
 from __future__ import annotations
@@ -25,15 +33,17 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from urllib.parse import unquote
+
+from fencepost.keys import encode_segment
 
 from ..storage import Storage
 from .errors import DomainError
 from .journal import Journal
 from .ledger import Ledger
-from .ledger.layout import LeaseState, agent_root
+from .ledger.layout import LeaseState
 from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.retention")
@@ -73,6 +83,7 @@ class Retention:
         config: RetentionConfig,
         clock: Callable[[], float] = time.time,
         events: Callable[..., None] | None = None,
+        tenants: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.storage = storage
         self.ledger = ledger
@@ -81,6 +92,8 @@ class Retention:
         self.clock = clock
         self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
         self.cursor: str | None = None  # where the walk goes on (per process: passes are idempotent)
+        self.tenants = tenants  # the tenant names the server serves (a hashed segment's name)
+        self._hashed: dict[str, str] | None = None  # hashed segment -> tenant, built once per pass
 
     async def run(self) -> None:
         warning = ThrottledWarning(log, "retention pass")
@@ -100,6 +113,7 @@ class Retention:
         if not self.config.enabled:
             return counts
         budget = self.config.batch
+        self._hashed = None  # the identity files may have been reloaded since the last pass
         while budget > 0:
             keys = await self.storage.list_keys("", self.cursor, 1)
             budget -= 1
@@ -110,9 +124,7 @@ class Retention:
             segments = key.split("/")
             if len(segments) > _AGENT_DEPTH and segments[1:4] == ["sys", "agentkit", "v1"]:
                 prefix = "/".join(segments[:_AGENT_DEPTH]) + "/"
-                tenant, agent = segments[0], segments[4]
-                if not tenant.startswith("sha256:") and not agent.startswith("sha256:"):
-                    budget -= await self._agent(unquote(tenant), unquote(agent), counts)
+                budget -= await self._agent(prefix, segments[0], counts)
                 self.cursor = prefix + _END
             else:
                 self.cursor = _skip(segments, key)
@@ -122,32 +134,48 @@ class Retention:
                 self.events(f"retention.{f.name}", value)
         return counts
 
-    async def _agent(self, tenant: str, agent: str, counts: RetentionCounts) -> int:
-        """Sweep one agent; returns the list calls it spent (roughly)."""
+    async def _agent(self, prefix: str, tenant_segment: str, counts: RetentionCounts) -> int:
+        """Sweep the agent whose keys start with `prefix` (`{tenant}/sys/agentkit/v1/{agent}/`,
+        as stored); returns the list calls it spent (roughly)."""
         now, spent = self.clock(), 1
         counts.agents_visited += 1
         c = self.config
+        root = prefix + "durable-session/"
         if c.idle_session_seconds > 0:
             before = now - c.idle_session_seconds
-            for sid in await self.ledger.idle_sessions(tenant, agent, before):
+            tenant = self._tenant(tenant_segment)
+            for sid in await self.ledger.idle_sessions_under(root, before):
                 spent += 1
-                if await self._erase_idle(tenant, sid, now, before):
+                if tenant is not None and await self._erase_idle(tenant, root, sid, now, before):
                     counts.sessions_erased += 1
                 else:
                     counts.sessions_waiting += 1
         if c.archive_seconds > 0:
-            counts.archives_erased += await self.journal.expire_archives(
-                tenant, agent, int((now - c.archive_seconds) * 1000)
+            counts.archives_erased += await self.journal.expire_archives_under(
+                prefix, int((now - c.archive_seconds) * 1000)
             )
             spent += 1
         if c.commit_marker_seconds > 0:
-            erased, calls = await self._expire_markers(tenant, agent, now - c.commit_marker_seconds)
+            erased, calls = await self._expire_markers(root, now - c.commit_marker_seconds)
             counts.commit_markers_erased += erased
             spent += calls
         return spent
 
-    async def _erase_idle(self, tenant: str, sid: str, now: float, before: float) -> bool:
-        sk = self.ledger.keys(tenant, sid)
+    def _tenant(self, segment: str) -> str | None:
+        """The tenant stored under `segment`; None for a hashed one the server does not know."""
+        if not segment.startswith("sha256:"):
+            return unquote(segment)
+        if self._hashed is None:
+            self._hashed = {encode_segment(t): t for t in self.tenants()}
+        return self._hashed.get(segment)
+
+    async def _erase_idle(self, tenant: str, root: str, sid: str, now: float, before: float) -> bool:
+        try:
+            sk = self.ledger.keys(tenant, sid)  # the agent: from the session id
+        except DomainError:
+            return False  # not a session id: a stray key, left alone
+        if sk.root != root:
+            return False  # an id naming another agent: a stray key, left alone
         # read before the checks: the delete applies only if no grant and no
         # commit moved them since (a holder taking the session up meanwhile keeps it)
         gen, head = await asyncio.gather(self.storage.get(sk.gen), self.storage.get(sk.head))
@@ -165,8 +193,9 @@ class Retention:
         except DomainError:  # live forks, pending events, gone meanwhile, contended: next pass
             return False
 
-    async def _expire_markers(self, tenant: str, agent: str, before: float) -> tuple[int, int]:
-        sessions = agent_root(tenant, agent) + "s/"
+    async def _expire_markers(self, root: str, before: float) -> tuple[int, int]:
+        """Commit markers older than `before` of every session under `root` (by key: no names needed)."""
+        sessions = root + "s/"
         erased, calls, start = 0, 0, None
         while True:
             found = await self.storage.list_keys(sessions, start, 1)
@@ -174,7 +203,7 @@ class Retention:
             if not found:
                 return erased, calls
             sid = found[0][len(sessions):].split("/", 1)[0]
-            markers = self.ledger.keys(tenant, sid).commits
+            markers = f"{sessions}{sid}/cm/"
             after = None
             while True:
                 items = await self.storage.list(markers, after, 1000)

@@ -1,15 +1,17 @@
 """The backup archive: portable, versioned, checksummed JSON lines.
 
-    {"format": "fencepost-archive", "v": 1, "created": ..., "source": "sqlite",
+    {"format": "fencepost-archive", "v": 2, "created": ..., "source": "sqlite",
      "consistency": "snapshot" | "logical", "watermarks": [...]}          header
     {"chunk": 0, "items": [[key, value (base64), version], ...], "sha256": h}
     ...                                                                     in key order
     {"end": true, "chunks": N, "items": M, "quiesced": bool, "sha256": H}  trailer
 
 A chunk's `sha256` is over the compact JSON of its `items` exactly as
-written; the trailer's is over the header line followed by every chunk's
-hash, so a dropped, repeated or reordered chunk, an edited header or a
-missing trailer is caught as surely as a flipped byte. Files ending in
+written; the trailer's is over the header line, every chunk's hash, and
+(from v2) `quiesced=true` / `quiesced=false`, so a dropped, repeated or
+reordered chunk, an edited header, a flipped `quiesced` or a missing trailer
+is caught as surely as a flipped byte. v1 archives (whose `quiesced` no hash
+covered) are still read; their flag is reported as not quiesced. Files ending in
 `.gz` are gzip-compressed. An archive is written to `FILE.partial` and
 renamed when complete, so a backup that dies leaves no file that looks whole.
 
@@ -33,7 +35,8 @@ from typing import IO, Any
 from ..storage import Item
 
 FORMAT = "fencepost-archive"
-VERSION = 1
+VERSION = 2  # 2: the trailer's sha256 covers `quiesced` too
+READS = (1, 2)
 
 
 class ArchiveError(Exception):
@@ -45,6 +48,11 @@ def _compact(value: Any) -> str:
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _quiesced_line(quiesced: bool) -> bytes:
+    """What the trailer's sha256 takes in for the flag (v2): an edited flag fails it."""
+    return b"quiesced=true" if quiesced else b"quiesced=false"
 
 
 def _open(path: Path, mode: str) -> IO[bytes]:
@@ -66,9 +74,10 @@ class Header:
     consistency: str  # "snapshot" (point in time) or "logical" (read live)
     watermarks: list[str] = field(default_factory=list)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    v: int = VERSION
 
     def line(self) -> bytes:
-        return (_compact({"format": FORMAT, "v": VERSION, "created": self.created, "source": self.source,
+        return (_compact({"format": FORMAT, "v": self.v, "created": self.created, "source": self.source,
                           "consistency": self.consistency, "watermarks": self.watermarks}) + "\n").encode()
 
 
@@ -104,6 +113,7 @@ class ArchiveWriter:
 
     def finish(self, *, quiesced: bool) -> Trailer:
         trailer = Trailer(self.chunks, self.items, quiesced)
+        self._digest.update(_quiesced_line(quiesced))
         self._file.write((_compact({"end": True, "chunks": self.chunks, "items": self.items, "quiesced": quiesced,
                                     "sha256": self._digest.hexdigest()}) + "\n").encode())
         self._file.close()
@@ -131,11 +141,12 @@ def _header(line: bytes) -> Header:
     raw = _parse(line, "line 1")
     if raw.get("format") != FORMAT:
         raise ArchiveError("not a fencepost archive (no header)")
-    if raw.get("v") != VERSION:
-        raise ArchiveError(f"archive format version {raw.get('v')!r} is not supported (this build reads {VERSION})")
+    if raw.get("v") not in READS:
+        raise ArchiveError(f"archive format version {raw.get('v')!r} is not supported "
+                           f"(this build reads {', '.join(map(str, READS))})")
     try:
         return Header(str(raw["source"]), str(raw["consistency"]), [str(w) for w in raw.get("watermarks") or []],
-                      str(raw["created"]))
+                      str(raw["created"]), int(raw["v"]))
     except (KeyError, TypeError) as exc:
         raise ArchiveError(f"line 1: malformed header ({exc!r})") from None
 
@@ -204,9 +215,15 @@ class ArchiveReader:
         if raw.get("chunks") != chunks or raw.get("items") != items:
             raise ArchiveError(f"trailer says {raw.get('chunks')} chunks / {raw.get('items')} items; "
                                f"the archive holds {chunks} / {items}")
+        quiesced = raw.get("quiesced")
+        if not isinstance(quiesced, bool):
+            raise ArchiveError(f"trailer: quiesced is {quiesced!r}, not true or false")
+        if self.header.v >= 2:
+            digest.update(_quiesced_line(quiesced))
         if raw.get("sha256") != digest.hexdigest():
-            raise ArchiveError("the trailer's sha256 does not match the header and chunks")
-        self.trailer = Trailer(chunks, items, bool(raw.get("quiesced")))
+            raise ArchiveError("the trailer's sha256 does not match the header, chunks and quiesced flag")
+        # a v1 flag is covered by no hash: it cannot vouch for a quiesced source
+        self.trailer = Trailer(chunks, items, quiesced and self.header.v >= 2)
 
     def verify(self) -> Trailer:
         for _ in self.chunks():

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, StorageError
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
+from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
     Exit,
@@ -58,6 +59,7 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     snapshot_file = out.with_name(out.name + ".snapshot.db")
     refuse_memory(url)
     refuse_own_files(url, out, "--out")
+    refuse_unwritable_out(out)
     try:
         async with source(url, snapshot_file) as src:
             progress = Progress("backup", count_snapshot(src), stream=stream)
@@ -81,6 +83,17 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     except StorageError as exc:
         raise LifecycleError(f"backup of {url} failed: {exc}") from exc
     return BackupReport(trailer.items, trailer.chunks, src.consistency, quiesced, loop.time() - started)
+
+
+def refuse_unwritable_out(out: Path) -> None:
+    """USAGE, before the store is read: the archive is renamed onto `out` only
+    at the end, so a directory there (or no directory to hold it) would
+    otherwise fail after the whole read, with an OS error."""
+    if out.is_dir():
+        raise LifecycleError(f"--out {out} is a directory: name the archive file to write in it "
+                             f"(e.g. {out / 'fencepost.arch.gz'})", Exit.USAGE)
+    if not out.parent.is_dir():
+        raise LifecycleError(f"--out {out}: the directory {out.parent} does not exist", Exit.USAGE)
 
 
 async def _iterate(summaries: list[RangeSummary]) -> AsyncIterator[RangeSummary]:
@@ -112,6 +125,10 @@ async def restore(
             await target.create_table()
         if not await is_empty(target):
             raise LifecycleError(f"{url} is not empty: restore only writes into an empty store", Exit.REFUSED)
+        sizer = item_sizer(target)
+        if sizer is not None:  # an item the target cannot hold: refused before anything is written
+            for items in reader.chunks():
+                refuse_unfit(sizer, items, url)
         progress = Progress("restore", trailer.items, stream=stream)
         await target.reserve_versions(reader.header.watermarks)
         for items in reader.chunks():

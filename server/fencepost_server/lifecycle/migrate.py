@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, Storage, StorageError
+from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
     Exit,
@@ -104,12 +105,18 @@ def work_dir_for(source_url: str, target_url: str, root: Path = DEFAULT_WORK_ROO
     return root / hashlib.sha256(f"{source_url}\n{target_url}".encode()).hexdigest()[:16]
 
 
+_START_OVER = (". Then empty the target and delete the work directory (a resumed run copies from the same "
+               "snapshot, which still holds the item), and run the command again")
+
 #: pages being written at once: the next page starts while the last requests
 #: of the previous one finish, so the target never idles at a page boundary
 PAGES_IN_FLIGHT = 2
 
 
-async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress) -> None:
+async def _copy(
+    src: Storage, target: Storage, checkpoint: Checkpoint, page: int, progress: Progress, target_url: str = ""
+) -> None:
+    sizer = item_sizer(target)
     pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
 
     async def read() -> None:
@@ -132,6 +139,9 @@ async def _copy(src: Storage, target: Storage, checkpoint: Checkpoint, page: int
     reader = asyncio.create_task(read())
     try:
         while (items := await pages.get()) is not None:
+            # before any item of the page is sent; a resumed run would copy from the
+            # same snapshot, which still holds the item: the fix needs a fresh start
+            refuse_unfit(sizer, items, target_url, then=_START_OVER)
             writing.append((asyncio.create_task(target.import_items(items)), items))
             if len(writing) >= PAGES_IN_FLIGHT:
                 await settle_oldest()
@@ -176,19 +186,24 @@ async def migrate(
                                      "(or resumes its own interrupted run)", Exit.REFUSED)
             checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
             checkpoint.save()
+            reuse = False
         elif checkpoint.copied and await is_empty(target):
             # resuming would skip what the checkpoint says is there, and the
             # verification would fail on every run without saying why
             raise LifecycleError(f"{target_url} is empty, but the checkpoint in {work} says {checkpoint.copied} "
                                  "items were copied to it: the target was replaced since. Delete that work "
                                  "directory to migrate from the start", Exit.REFUSED)
+        else:
+            # resume from the earlier run's snapshot, also when it died before its first
+            # checkpoint: the pages it wrote (a non-empty target) are of that point in
+            # time, and a fresh snapshot would leave the target a mix of two
+            reuse = checkpoint.copied > 0 or checkpoint.phase != "copy" or not await is_empty(target)
         resumed_after = checkpoint.copied
         already_done = checkpoint.phase == "done"
-        async with source(source_url, work / "source-snapshot.db", reuse=resumed_after > 0 or
-                          checkpoint.phase != "copy", keep=True) as src:
+        async with source(source_url, work / "source-snapshot.db", reuse=reuse, keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
-                await _copy_phase(src, target, checkpoint, page, stream)
+                await _copy_phase(src, target, checkpoint, page, stream, target_url)
             copy_seconds = loop.time() - started
             started = loop.time()
             verification = await compare(src.live.export_items(None, page), target.export_items(None, page))
@@ -208,12 +223,14 @@ async def migrate(
                            already_done)
 
 
-async def _copy_phase(src: Source, target: Storage, checkpoint: Checkpoint, page: int, stream: TextIO | None) -> None:
+async def _copy_phase(
+    src: Source, target: Storage, checkpoint: Checkpoint, page: int, stream: TextIO | None, target_url: str
+) -> None:
     total = count_snapshot(src)
     progress = Progress("migrate", total, stream=stream)
     progress.resume(checkpoint.copied)
     await target.reserve_versions(await src.read.version_watermarks())
-    await _copy(src.read, target, checkpoint, page, progress)
+    await _copy(src.read, target, checkpoint, page, progress, target_url)
     progress.finish()
     checkpoint.phase = "verify"
     checkpoint.save()

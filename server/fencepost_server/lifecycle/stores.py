@@ -138,13 +138,24 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
 
 def count_snapshot(src: Source) -> int | None:
     """Items in a snapshot (a cheap COUNT on the file), for the progress bar:
-    the rows, and the request-id markers kept in rows (exported as items)."""
+    exactly what export_items yields, so the total matches what is copied:
+    the rows, and each request-id marker kept in a row (exported as an item)
+    once, and not at all when it also has a row of its own (that row is what
+    is exported)."""
     if src.snapshot_file is None:
         return None
     import sqlite3
 
     conn = sqlite3.connect(str(src.snapshot_file))  # our own copy: nobody else writes it
     try:
-        return int(conn.execute("SELECT COUNT(*) + COUNT(marker_key) FROM kv").fetchone()[0])
+        return int(conn.execute(_SNAPSHOT_ITEMS).fetchone()[0])
     finally:
         conn.close()
+
+
+#: the rows, plus the distinct kept markers with no row of their own (the
+#: partial index on marker_key finds them; each is one primary-key probe)
+_SNAPSHOT_ITEMS = (
+    "SELECT (SELECT COUNT(*) FROM kv) + (SELECT COUNT(DISTINCT m.marker_key) FROM kv AS m "
+    "WHERE m.marker_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM kv AS r WHERE r.key = m.marker_key))"
+)

@@ -125,6 +125,10 @@ class IdentityMap:
             out[spiffe_id] = identity
         return out
 
+    def tenants(self) -> set[str]:
+        """Every tenant an identity maps to (retention names hashed tenant segments with it)."""
+        return {i.tenant for _, i in self._tokens} | {i.tenant for i in self._spiffe.values()}
+
     def by_token(self, token: str) -> Identity | None:
         """Constant-time: every stored hash is compared, with no early exit."""
         digest = hashlib.sha256(token.encode()).digest()

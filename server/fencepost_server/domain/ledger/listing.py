@@ -157,7 +157,12 @@ class ListingMethods(SessionMethods):
         so a pass reads the idle sessions (and superseded entries among them),
         not every session. Read-only: an agent whose index is not known to be
         complete (no listing since the upgrade) is read from its act/ items."""
-        root = agent_root(tenant, agent)
+        return await self.idle_sessions_under(agent_root(tenant, agent), before, limit)
+
+    async def idle_sessions_under(self, root: str, before: float, limit: int = 1000) -> list[str]:
+        """idle_sessions by the agent's stored ledger prefix (`.../durable-session/`):
+        retention walks keys, and a hashed segment has no name to pass (a session
+        id names its agent, so the caller needs none)."""
         indexed = bool(self._indexed.get(root)) or await self.storage.get(index_ready_key(root)) is not None
         prefix = index_prefix(root) if indexed else root + "act/"
         start = index_start(prefix, int(before * 1e6) - 1) if indexed else None
