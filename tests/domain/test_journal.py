@@ -273,3 +273,29 @@ async def test_a_late_record_with_an_older_id_is_read_in_id_order(storage: Stora
     await ahead.flush(TENANT, "skew")  # now in a later segment than the newer records
     view = await ahead.read(TENANT, "skew")
     assert view is not None and tags(view.data) == ["old", "new-1", "new-2"]
+
+
+def test_ids_roll_over_to_the_next_millisecond_past_the_counter_width() -> None:
+    """A clock that does not advance: after 1,000,000 ids in one millisecond
+    the next id takes the next millisecond instead of a 7-digit counter
+    (which would sort before the 6-digit ones) or a repeat."""
+    from fencepost_server.domain.journal import IdSource
+
+    ids = IdSource(lambda: 1000.0)
+    ids._counter = 999_998  # noqa: SLF001 - skip the first million calls
+    ids._last_ms = 1_000_000  # noqa: SLF001
+    out = [ids.next() for _ in range(4)]
+    assert out == sorted(out) and len(set(out)) == 4
+    assert [i.split("-")[:2] for i in out] == [
+        ["0000001000000", "999999"], ["0000001000001", "000000"],
+        ["0000001000001", "000001"], ["0000001000001", "000002"],
+    ]
+    assert all(len(i.split("-")[1]) == 6 for i in out)
+
+
+def test_ids_stay_ordered_over_a_million_in_one_millisecond() -> None:
+    from fencepost_server.domain.journal import IdSource
+
+    ids = IdSource(lambda: 1000.0)
+    out = [ids.next() for _ in range(1_000_003)]
+    assert all(a < b for a, b in zip(out, out[1:]))

@@ -143,12 +143,18 @@ class FlushOutcome:
     skipped: bool  # another flusher holds the lease
 
 
+#: the largest per-millisecond counter an id can carry (its six digits)
+_MAX_COUNTER = 999_999
+
+
 class IdSource:
     """Time-ordered unique record ids: `{ms:013d}-{counter:06d}-{node}`.
 
     Sortable as strings; within one process strictly increasing (a clock step
     backwards is absorbed by keeping the last millisecond); unique across
-    replicas through the random `node` tag."""
+    replicas through the random `node` tag. The counter has six digits: the
+    id after `999999` in one millisecond takes the next millisecond (counter
+    0), since a seventh digit would sort before the ids it follows."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -161,6 +167,8 @@ class IdSource:
         with self._lock:
             ms = max(int(self.clock() * 1000), self._last_ms)
             self._counter = self._counter + 1 if ms == self._last_ms else 0
+            if self._counter > _MAX_COUNTER:  # borrow the next millisecond (the clock catches up)
+                ms, self._counter = ms + 1, 0
             self._last_ms = ms
             return f"{ms:013d}-{self._counter:06d}-{self.node}"
 
