@@ -254,3 +254,16 @@ async def test_background_flusher_folds_the_tail(storage: Storage, settings: dic
             assert await _eventually(flushed)
             got = await client.read_journal("bg")
             assert got is not None and [r["tag"] for r in got.records()] == [f"t{i}" for i in range(10)]
+
+
+async def test_the_flush_lag_gauge_is_set_by_the_background_flusher(storage: Storage) -> None:
+    async with running(storage, journal_flush_seconds=0.05) as srv:
+        registry = srv.app.metrics.registry
+        assert registry.get_sample_value("fencepost_journal_flush_lag_seconds") == 0.0
+        async with srv.client(timeout=10.0) as client:
+            await client.append_turn("lag", record(0, tag="t0"))
+
+            async def reported() -> bool:
+                return (registry.get_sample_value("fencepost_journal_flush_lag_seconds") or 0.0) > 0.0
+
+            assert await _eventually(reported)

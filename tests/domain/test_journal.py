@@ -299,3 +299,18 @@ def test_ids_stay_ordered_over_a_million_in_one_millisecond() -> None:
     ids = IdSource(lambda: 1000.0)
     out = [ids.next() for _ in range(1_000_003)]
     assert all(a < b for a, b in zip(out, out[1:]))
+
+
+async def test_flush_due_reports_the_flush_lag(storage: Storage) -> None:
+    """The background flush reports the age of the oldest unflushed record it
+    folded (the `fencepost_journal_flush_lag_seconds` gauge's event)."""
+    seen: list[tuple[str, float]] = []
+    j = Journal(storage, Limits(), JournalConfig(flush_seconds=0.0),
+                events=lambda name, value=1.0: seen.append((name, value)))
+    for i in range(3):
+        await j.append(TENANT, "lag", fields(i), extra(f"t{i}"))
+    j.dirty[(TENANT, "lag")][0] -= 5.0  # the first append is 5 s old
+    assert await j.flush_due() == 1
+    lags = [v for name, v in seen if name == "journal.flush_lag_seconds"]
+    assert len(lags) == 1 and 5.0 <= lags[0] < 60.0
+    assert len(await list_all(storage, _Keys(TENANT, "lag").tail)) == 0

@@ -252,8 +252,11 @@ class Journal:
         clock: Callable[[], float] = time.time,
         requests: RequestLog | None = None,
         pages: PageTokens | None = None,
+        events: Callable[..., None] | None = None,
     ) -> None:
         self.storage = storage
+        #: metrics hook: events("journal.flush_lag_seconds", 3.2); no-op by default
+        self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
         self.limits = limits
         self.pages = pages or PageTokens.ephemeral()
         self.config = config or JournalConfig()
@@ -512,10 +515,17 @@ class Journal:
         ]
 
     async def flush_due(self) -> int:
-        """Flush every agent this replica appended to that is due. Returns how many ran."""
+        """Flush every agent this replica appended to that is due. Returns how many ran.
+
+        Reports `journal.flush_lag_seconds`: the largest age, at its flush, of
+        the oldest unflushed append among the agents whose records this pass
+        moved (a skipped or failed flush reports nothing: its records are
+        still due; nor does one that found the tail already folded by a read)."""
         ran = 0
+        lag: float | None = None
         for tenant, agent in self.due(time.monotonic()):
             slot = self.dirty.pop((tenant, agent), None)
+            started = time.monotonic()
             try:
                 out = await self.flush(tenant, agent)
             except Exception as exc:
@@ -523,10 +533,14 @@ class Journal:
                 out = FlushOutcome(0, 0, True)
             else:
                 self._flush_warning.ok()
+                if out.flushed and slot is not None:  # nothing moved: a read's flush got there first
+                    lag = max(lag or 0.0, started - slot[0])
             if out.skipped and slot is not None:  # try again later; keep what was counted
                 cur = self.dirty.setdefault((tenant, agent), [time.monotonic(), 0.0])
                 cur[1] += slot[1]
             ran += 1
+        if lag is not None:
+            self.events("journal.flush_lag_seconds", lag)
         return ran
 
     async def run_flusher(self) -> None:
