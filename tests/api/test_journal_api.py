@@ -267,3 +267,34 @@ async def test_the_flush_lag_gauge_is_set_by_the_background_flusher(storage: Sto
                 return (registry.get_sample_value("fencepost_journal_flush_lag_seconds") or 0.0) > 0.0
 
             assert await _eventually(reported)
+
+
+def _nan_record() -> journal_pb2.TurnRecord:
+    rec = record_from_dict(record())
+    rec.extra["bad"] = float("nan")  # a Struct carries it; JSON cannot (FIELD_INVALID)
+    return rec
+
+
+@pytest.mark.parametrize(("agent", "reason"), [
+    pytest.param("a/b", "AGENT_NAME_INVALID", id="bad-agent-and-bad-record"),
+    pytest.param("a", "FIELD_INVALID", id="good-agent-bad-record"),
+])
+async def test_agent_name_is_checked_before_the_record_structs(
+    storage: Storage, client: fencepost.AsyncClient, agent: str, reason: str
+) -> None:
+    """Spec order: the agent name (AGENT_NAME_INVALID) before the record's
+    fields, the Structs' NaN check included, on both lanes."""
+    req = store_api_pb2.CallRequest(
+        v=1, call="memory.append",
+        memory_append=store_api_pb2.MemoryAppendPayload(agent=agent, record=_nan_record()),
+    )
+    with pytest.raises(errors.InvalidArgument) as err:
+        await envelope(client, req)
+    assert err.value.reason == reason
+    stub = journal_pb2_grpc.JournalServiceStub(client.channel)
+    with pytest.raises(errors.InvalidArgument) as err:
+        await client._caller.call(
+            stub.AppendTurn, journal_pb2.AppendTurnRequest(agent=agent, record=_nan_record()), safe=False
+        )
+    assert err.value.reason == reason
+    assert await snapshot(storage) == []
