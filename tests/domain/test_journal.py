@@ -15,7 +15,7 @@ import pytest
 
 from fencepost import reasons
 from fencepost_server.domain.errors import InvalidArgument
-from fencepost_server.domain.journal import Entry, Journal, JournalConfig, _Keys, decode_segment
+from fencepost_server.domain.journal import Entry, FlushOutcome, Journal, JournalConfig, _Keys, decode_segment
 from fencepost_server.domain.limits import Limits
 from fencepost_server.storage import Item, Storage
 from tests.journal_faults import KillAt, Killed
@@ -314,3 +314,30 @@ async def test_flush_due_reports_the_flush_lag(storage: Storage) -> None:
     lags = [v for name, v in seen if name == "journal.flush_lag_seconds"]
     assert len(lags) == 1 and 5.0 <= lags[0] < 60.0
     assert len(await list_all(storage, _Keys(TENANT, "lag").tail)) == 0
+
+
+#: every backend operation that writes (anything else only reads)
+_WRITES = {"put", "delete", "put_if_absent", "put_if_version", "delete_if_version", "transact"}
+
+
+async def test_a_read_with_nothing_to_flush_writes_nothing(storage: Storage) -> None:
+    """Flush-on-read takes the lease only when the tail holds something: a
+    read of a folded journal, or of an agent that never appended, makes no
+    backend write (no lease put and delete per read)."""
+    from fencepost_server.storage.counting import CountingStorage
+
+    counting = CountingStorage(storage)
+    j = Journal(counting, Limits())
+    for i in range(3):
+        await j.append(TENANT, "quiet", fields(i), extra(f"t{i}"))
+    view = await j.read(TENANT, "quiet")  # folds the tail: this one writes
+    assert view is not None and tags(view.data) == ["t0", "t1", "t2"]
+    assert counting.calls["transact"] == 1
+    for agent in ("quiet", "never"):
+        counting.reset()
+        view = await j.read(TENANT, agent)
+        assert not _WRITES & set(counting.calls), dict(counting.calls)
+        assert (view is None) == (agent == "never")
+    counting.reset()
+    assert await j.flush(TENANT, "quiet") == FlushOutcome(0, 0, False)
+    assert not _WRITES & set(counting.calls), dict(counting.calls)

@@ -443,8 +443,13 @@ class Journal:
         return res.version if res.applied else None
 
     async def flush(self, tenant: str, agent: str, *, max_steps: int = BACKGROUND_FLUSH_STEPS) -> FlushOutcome:
-        """Fold the whole tail into segments under the flush lease."""
+        """Fold the whole tail into segments under the flush lease.
+
+        An empty tail is seen first with one read, and then nothing is taken
+        or written: a read of a folded journal (flush-on-read) stays read-only."""
         keys = _keys(tenant, agent)
+        if not await self.storage.list_keys(keys.tail, None, 1):
+            return FlushOutcome(0, 0, False)
         held = await self._acquire(keys)
         if held is None:
             return FlushOutcome(0, 0, True)
