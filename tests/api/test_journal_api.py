@@ -298,3 +298,14 @@ async def test_agent_name_is_checked_before_the_record_structs(
         )
     assert err.value.reason == reason
     assert await snapshot(storage) == []
+
+
+async def test_journal_lines_write_numbers_as_json_stringify(client: fencepost.AsyncClient) -> None:
+    """memory.read returns JSON.stringify's text for Struct numbers, so a
+    JavaScript reader re-serializing a line gets the same bytes back."""
+    rec = record(0, usage={"tokens": 2**53, "cost": 1e-7, "ratio": 0.5, "huge": 1e21})
+    await envelope(client, append_env("nums", rec))
+    read = await envelope(client, read_env("nums"))
+    line = read.memory_read.journal.jsonl.rstrip(b"\n")
+    assert b'"usage":{"cost":1e-7,"huge":1e+21,"ratio":0.5,"tokens":9007199254740992}' in line
+    assert json.loads(line)["usage"] == {"cost": 1e-7, "huge": 1e21, "ratio": 0.5, "tokens": 2**53}
