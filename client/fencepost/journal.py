@@ -9,8 +9,9 @@ agree byte for byte:
     record_json(record_to_dict(pb))   # the journal line, as bytes
 
 Compact JSON means `JSON.stringify` output: no spaces, non-ASCII kept as UTF-8
-(not `\\u` escapes). Integral numbers are written without a fraction (a Struct
-carries every number as a double; `5` stays `5`, not `5.0`).
+(not `\\u` escapes), and numbers written as JavaScript writes a double (a
+Struct carries every number as one): `5` not `5.0`, `9007199254740992` not
+`9007199254740992.0`, `1e-7` not `1e-07`, `1e+21`, `100000000000000000000`.
 """
 
 from __future__ import annotations
@@ -55,7 +56,84 @@ _STATUS_FROM_WIRE = {v: k for k, v in _STATUS_TO_WIRE.items()}
 
 def compact_json(obj: Any) -> bytes:
     """`JSON.stringify(obj)` as UTF-8 bytes."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    if not _has_float(obj):  # the common case: the C encoder writes what JSON.stringify does
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return _js_json(obj).encode("utf-8")
+
+
+def _has_float(obj: Any) -> bool:
+    """Whether `obj` holds a float anywhere (a key included). Exact type
+    checks first: this runs on every journal append."""
+    kind = type(obj)
+    if kind is str or kind is int or kind is bool or obj is None:
+        return False
+    if kind is float:
+        return True
+    if kind is dict or isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if (type(key) is not str and _has_float(key)) or (type(value) is not str and _has_float(value)):
+                return True
+        return False
+    if kind is list or kind is tuple or isinstance(obj, (list, tuple)):
+        return any(_has_float(v) for v in obj)
+    return isinstance(obj, float)
+
+
+def _js_json(obj: Any) -> str:
+    """Compact JSON with doubles written by `js_number` (Python's json writes
+    `repr`: `1e-07`, `1e+16`, `5.0`). Only for values holding a float."""
+    if isinstance(obj, str):
+        return json.dumps(obj, ensure_ascii=False)
+    if obj is None or isinstance(obj, bool):
+        return "null" if obj is None else ("true" if obj else "false")
+    if isinstance(obj, int):
+        return int.__repr__(obj)
+    if isinstance(obj, float):
+        return js_number(obj)
+    if isinstance(obj, Mapping):
+        return "{%s}" % ",".join(f"{json.dumps(_js_key(k), ensure_ascii=False)}:{_js_json(v)}" for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return "[%s]" % ",".join(_js_json(v) for v in obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def _js_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, float):
+        return js_number(key)
+    return _js_json(key)  # int, bool, None: as json.dumps turns them into keys
+
+
+def js_number(x: float) -> str:
+    """JavaScript's Number::toString (ECMA-262 6.1.6.1.20), which JSON.stringify
+    uses: the shortest digits that round-trip (Python's repr finds the same
+    ones), plain notation for exponents -7 < n <= 21, else `d.ddde+n`."""
+    if not math.isfinite(x):
+        raise ValueError("Out of range float values are not JSON compliant")
+    if x == 0:
+        return "0"  # -0 too
+    if x.is_integer() and abs(x) <= 2**53:  # exact: the integer's own digits
+        return int.__repr__(int(x))
+    sign = "-" if x < 0 else ""
+    mantissa, _, exp = float.__repr__(abs(x)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    n = len(whole) + (int(exp) if exp else 0)  # value = 0.digits * 10**n
+    significant = digits.lstrip("0")
+    n -= len(digits) - len(significant)
+    digits = significant.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = f"{digits[:n]}.{digits[n:]}"
+    elif -6 < n <= 0:
+        text = "0." + "0" * -n + digits
+    else:
+        e = n - 1
+        text = f"{digits[0]}{'.' + digits[1:] if k > 1 else ''}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return sign + text
 
 
 def record_size(record: Mapping[str, Any]) -> int:
@@ -81,7 +159,7 @@ def agent_name_problem(agent: str) -> str | None:
 def _plain(value: Any) -> Any:
     """A Struct value as plain JSON: integral doubles become ints."""
     if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        if math.isfinite(value) and value.is_integer() and abs(value) <= 2**53:
             return int(value)
         return value
     if isinstance(value, dict):

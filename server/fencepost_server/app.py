@@ -195,7 +195,9 @@ def _journal_of(ctx: AppContext) -> Journal:
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
             max_journal_bytes=s.max_journal_bytes,
         )
-        journal = Journal(ctx.storage, ctx.limits, config, requests=ctx.requests, pages=ctx.pages)
+        journal = Journal(
+            ctx.storage, ctx.limits, config, requests=ctx.requests, pages=ctx.pages, events=ctx.events
+        )
         ctx.shared["journal"] = journal
         ctx.background.append(journal.run_flusher)
     return journal

@@ -254,3 +254,58 @@ async def test_background_flusher_folds_the_tail(storage: Storage, settings: dic
             assert await _eventually(flushed)
             got = await client.read_journal("bg")
             assert got is not None and [r["tag"] for r in got.records()] == [f"t{i}" for i in range(10)]
+
+
+async def test_the_flush_lag_gauge_is_set_by_the_background_flusher(storage: Storage) -> None:
+    async with running(storage, journal_flush_seconds=0.05) as srv:
+        registry = srv.app.metrics.registry
+        assert registry.get_sample_value("fencepost_journal_flush_lag_seconds") == 0.0
+        async with srv.client(timeout=10.0) as client:
+            await client.append_turn("lag", record(0, tag="t0"))
+
+            async def reported() -> bool:
+                return (registry.get_sample_value("fencepost_journal_flush_lag_seconds") or 0.0) > 0.0
+
+            assert await _eventually(reported)
+
+
+def _nan_record() -> journal_pb2.TurnRecord:
+    rec = record_from_dict(record())
+    rec.extra["bad"] = float("nan")  # a Struct carries it; JSON cannot (FIELD_INVALID)
+    return rec
+
+
+@pytest.mark.parametrize(("agent", "reason"), [
+    pytest.param("a/b", "AGENT_NAME_INVALID", id="bad-agent-and-bad-record"),
+    pytest.param("a", "FIELD_INVALID", id="good-agent-bad-record"),
+])
+async def test_agent_name_is_checked_before_the_record_structs(
+    storage: Storage, client: fencepost.AsyncClient, agent: str, reason: str
+) -> None:
+    """Spec order: the agent name (AGENT_NAME_INVALID) before the record's
+    fields, the Structs' NaN check included, on both lanes."""
+    req = store_api_pb2.CallRequest(
+        v=1, call="memory.append",
+        memory_append=store_api_pb2.MemoryAppendPayload(agent=agent, record=_nan_record()),
+    )
+    with pytest.raises(errors.InvalidArgument) as err:
+        await envelope(client, req)
+    assert err.value.reason == reason
+    stub = journal_pb2_grpc.JournalServiceStub(client.channel)
+    with pytest.raises(errors.InvalidArgument) as err:
+        await client._caller.call(
+            stub.AppendTurn, journal_pb2.AppendTurnRequest(agent=agent, record=_nan_record()), safe=False
+        )
+    assert err.value.reason == reason
+    assert await snapshot(storage) == []
+
+
+async def test_journal_lines_write_numbers_as_json_stringify(client: fencepost.AsyncClient) -> None:
+    """memory.read returns JSON.stringify's text for Struct numbers, so a
+    JavaScript reader re-serializing a line gets the same bytes back."""
+    rec = record(0, usage={"tokens": 2**53, "cost": 1e-7, "ratio": 0.5, "huge": 1e21})
+    await envelope(client, append_env("nums", rec))
+    read = await envelope(client, read_env("nums"))
+    line = read.memory_read.journal.jsonl.rstrip(b"\n")
+    assert b'"usage":{"cost":1e-7,"huge":1e+21,"ratio":0.5,"tokens":9007199254740992}' in line
+    assert json.loads(line)["usage"] == {"cost": 1e-7, "huge": 1e21, "ratio": 0.5, "tokens": 2**53}

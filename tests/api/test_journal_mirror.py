@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,54 @@ def test_a_struct_becomes_json_in_one_key_order_in_every_process() -> None:
     s.update({c: {c2: 1 for c2 in reversed(letters)} for c in reversed(letters)})
     out = struct_to_dict(s)
     assert list(out) == sorted(letters) and all(list(inner) == sorted(letters) for inner in out.values())
+
+
+#: doubles and what JavaScript's JSON.stringify writes for each
+JS_NUMBERS = [
+    (9007199254740992.0, "9007199254740992"), (-9007199254740992.0, "-9007199254740992"),
+    (9007199254740993.0, "9007199254740992"), (2.0**60, "1152921504606847000"), (1e16, "10000000000000000"),
+    (1e20, "100000000000000000000"), (1e21, "1e+21"), (1.5e300, "1.5e+300"), (1.7976931348623157e308, "1.7976931348623157e+308"),
+    (1e-7, "1e-7"), (1.25e-7, "1.25e-7"), (-1e-7, "-1e-7"), (1e-6, "0.000001"), (1.5e-5, "0.000015"), (1e-5, "0.00001"),
+    (5e-324, "5e-324"), (0.1, "0.1"), (123.456, "123.456"), (-0.0, "0"), (0.0, "0"), (5.0, "5"), (1e15 + 0.5, "1000000000000000.5"),
+]
+
+
+@pytest.mark.parametrize(("value", "js"), JS_NUMBERS, ids=[js for _, js in JS_NUMBERS])
+def test_struct_numbers_are_written_as_json_stringify_writes_them(value: float, js: str) -> None:
+    """A journal line is JSON.stringify's text: integral doubles up to 2^53
+    without `.0`, exponents as `1e-7` / `1e+21`, not Python's `1e-07`."""
+    from google.protobuf import struct_pb2
+
+    from fencepost.journal import compact_json, struct_to_dict
+
+    s = struct_pb2.Struct()
+    s.update({"n": value, "in": [value, {"x": value}]})
+    assert compact_json(struct_to_dict(s)) == ('{"in":[%s,{"x":%s}],"n":%s}' % (js, js, js)).encode()
+    assert compact_json(value) == js.encode()
+
+
+def test_numbers_match_node_json_stringify() -> None:
+    """Random doubles of every magnitude, written here and by node (the
+    polyglot suite needs node too: a missing node fails, never skips)."""
+    import random
+    import shutil
+    import struct
+    import subprocess
+
+    from fencepost.journal import compact_json
+
+    rng = random.Random(53)
+    values = [v for v, _ in JS_NUMBERS]
+    while len(values) < 3000:
+        v = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        if math.isfinite(v):
+            values.append(v)
+    values += [rng.uniform(-1, 1) * 10.0 ** rng.randint(-30, 30) for _ in range(3000)]
+    values += [float(rng.randint(-2**60, 2**60)) for _ in range(500)]
+    node = shutil.which("node")
+    assert node, "node is needed (as by tests/polyglot)"
+    script = "const v = JSON.parse(require('fs').readFileSync(0, 'utf8')); process.stdout.write(JSON.stringify(v));"
+    # node parses the exact values from repr (round-trip) and writes them its way
+    src = "[" + ",".join(repr(v) for v in values) + "]"
+    out = subprocess.run([node, "-e", script], input=src, capture_output=True, text=True, check=True, timeout=60)
+    assert compact_json(values).decode() == out.stdout

@@ -15,7 +15,7 @@ import pytest
 
 from fencepost import reasons
 from fencepost_server.domain.errors import InvalidArgument
-from fencepost_server.domain.journal import Entry, Journal, JournalConfig, _Keys, decode_segment
+from fencepost_server.domain.journal import Entry, FlushOutcome, Journal, JournalConfig, _Keys, decode_segment
 from fencepost_server.domain.limits import Limits
 from fencepost_server.storage import Item, Storage
 from tests.journal_faults import KillAt, Killed
@@ -273,3 +273,71 @@ async def test_a_late_record_with_an_older_id_is_read_in_id_order(storage: Stora
     await ahead.flush(TENANT, "skew")  # now in a later segment than the newer records
     view = await ahead.read(TENANT, "skew")
     assert view is not None and tags(view.data) == ["old", "new-1", "new-2"]
+
+
+def test_ids_roll_over_to_the_next_millisecond_past_the_counter_width() -> None:
+    """A clock that does not advance: after 1,000,000 ids in one millisecond
+    the next id takes the next millisecond instead of a 7-digit counter
+    (which would sort before the 6-digit ones) or a repeat."""
+    from fencepost_server.domain.journal import IdSource
+
+    ids = IdSource(lambda: 1000.0)
+    ids._counter = 999_998  # noqa: SLF001 - skip the first million calls
+    ids._last_ms = 1_000_000  # noqa: SLF001
+    out = [ids.next() for _ in range(4)]
+    assert out == sorted(out) and len(set(out)) == 4
+    assert [i.split("-")[:2] for i in out] == [
+        ["0000001000000", "999999"], ["0000001000001", "000000"],
+        ["0000001000001", "000001"], ["0000001000001", "000002"],
+    ]
+    assert all(len(i.split("-")[1]) == 6 for i in out)
+
+
+def test_ids_stay_ordered_over_a_million_in_one_millisecond() -> None:
+    from fencepost_server.domain.journal import IdSource
+
+    ids = IdSource(lambda: 1000.0)
+    out = [ids.next() for _ in range(1_000_003)]
+    assert all(a < b for a, b in zip(out, out[1:]))
+
+
+async def test_flush_due_reports_the_flush_lag(storage: Storage) -> None:
+    """The background flush reports the age of the oldest unflushed record it
+    folded (the `fencepost_journal_flush_lag_seconds` gauge's event)."""
+    seen: list[tuple[str, float]] = []
+    j = Journal(storage, Limits(), JournalConfig(flush_seconds=0.0),
+                events=lambda name, value=1.0: seen.append((name, value)))
+    for i in range(3):
+        await j.append(TENANT, "lag", fields(i), extra(f"t{i}"))
+    j.dirty[(TENANT, "lag")][0] -= 5.0  # the first append is 5 s old
+    assert await j.flush_due() == 1
+    lags = [v for name, v in seen if name == "journal.flush_lag_seconds"]
+    assert len(lags) == 1 and 5.0 <= lags[0] < 60.0
+    assert len(await list_all(storage, _Keys(TENANT, "lag").tail)) == 0
+
+
+#: every backend operation that writes (anything else only reads)
+_WRITES = {"put", "delete", "put_if_absent", "put_if_version", "delete_if_version", "transact"}
+
+
+async def test_a_read_with_nothing_to_flush_writes_nothing(storage: Storage) -> None:
+    """Flush-on-read takes the lease only when the tail holds something: a
+    read of a folded journal, or of an agent that never appended, makes no
+    backend write (no lease put and delete per read)."""
+    from fencepost_server.storage.counting import CountingStorage
+
+    counting = CountingStorage(storage)
+    j = Journal(counting, Limits())
+    for i in range(3):
+        await j.append(TENANT, "quiet", fields(i), extra(f"t{i}"))
+    view = await j.read(TENANT, "quiet")  # folds the tail: this one writes
+    assert view is not None and tags(view.data) == ["t0", "t1", "t2"]
+    assert counting.calls["transact"] == 1
+    for agent in ("quiet", "never"):
+        counting.reset()
+        view = await j.read(TENANT, agent)
+        assert not _WRITES & set(counting.calls), dict(counting.calls)
+        assert (view is None) == (agent == "never")
+    counting.reset()
+    assert await j.flush(TENANT, "quiet") == FlushOutcome(0, 0, False)
+    assert not _WRITES & set(counting.calls), dict(counting.calls)

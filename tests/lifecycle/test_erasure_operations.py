@@ -121,3 +121,40 @@ async def test_the_log_says_when_an_erasure_starts_and_ends_without_naming_its_s
     assert f"erasure {op.name} started (agent scope)" in lines
     assert any(line.startswith(f"erasure {op.name} done: 2 sessions fenced, ") for line in lines)
     assert not any("secret-agent-name" in line for line in lines)
+
+
+async def test_an_agent_name_holding_nul_is_erased(storage: Storage) -> None:
+    """The journal (and memory) accept an agent name with NUL; EraseAgent
+    refused it (AGENT_NAME_INVALID), so that agent's data could not be erased."""
+    from fencepost_server.domain.journal import Journal
+    from fencepost_server.domain.limits import Limits
+
+    journal = Journal(storage, Limits())
+    record = {"at": "2025-01-01T00:00:00Z", "sessionId": "s", "channelId": "c", "status": "completed"}
+    for agent in ("a\x00b", "a", "\x00"):
+        await journal.append(T, agent, record, {"tag": agent})
+    eraser = Eraser(storage, Ledger(storage))
+    for agent in ("a\x00b", "\x00"):
+        op = await eraser.start(T, agent)
+        assert op.agent == agent
+    await eraser.run_pending()
+    assert await journal.read(T, "a\x00b") is None and await journal.read(T, "\x00") is None
+    assert raw_keys_naming(storage, "/agentkit/v1/a%00b/", "/agentkit/v1/%00/") == []
+    kept = await journal.read(T, "a")
+    assert kept is not None and kept.records == 1
+
+
+async def test_request_ids_keep_nul_holding_scopes_apart(storage: Storage) -> None:
+    """One operation per (scope, request id) even when a name or request id
+    holds NUL, which the operation id's seed used as its separator (and as
+    the tenant scope's name)."""
+    eraser = Eraser(storage, Ledger(storage))
+    ops = [
+        await eraser.start(T, None, request_id="r1"),
+        await eraser.start(T, "\x00", request_id="r1"),
+        await eraser.start(T, "a\x00b", request_id="r"),
+        await eraser.start(T, "a", request_id="b\x00r"),
+    ]
+    assert len({op.name for op in ops}) == 4
+    again = await eraser.start(T, "a\x00b", request_id="r")
+    assert again.name == ops[2].name

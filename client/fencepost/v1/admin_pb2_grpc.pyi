@@ -62,8 +62,9 @@ class AdminServiceStub:
     """EraseAgent starts erasing every key of one agent of the caller's tenant
     and returns at once with the operation to poll. A retry with the same
     request_id returns the same operation.
-    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
-    over 65,536 UTF-8 bytes: metadata `limit`, `size`);
+    Any name another service stores data under can be erased (NUL included).
+    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
+    65,536 UTF-8 bytes: metadata `limit`, `size`);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -119,8 +120,9 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """EraseAgent starts erasing every key of one agent of the caller's tenant
     and returns at once with the operation to poll. A retry with the same
     request_id returns the same operation.
-    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
-    over 65,536 UTF-8 bytes: metadata `limit`, `size`);
+    Any name another service stores data under can be erased (NUL included).
+    Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
+    65,536 UTF-8 bytes: metadata `limit`, `size`);
     INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
     common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -179,8 +181,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """EraseAgent starts erasing every key of one agent of the caller's tenant
         and returns at once with the operation to poll. A retry with the same
         request_id returns the same operation.
-        Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty or NUL agent, or
-        over 65,536 UTF-8 bytes: metadata `limit`, `size`);
+        Any name another service stores data under can be erased (NUL included).
+        Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
+        65,536 UTF-8 bytes: metadata `limit`, `size`);
         INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
         common ones.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).

@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 from fencepost.journal import record_parts
 from fencepost.v1 import journal_pb2, journal_pb2_grpc, store_api_pb2, store_api_pb2_grpc
 
-from ..domain.journal import ArchiveInfo, Journal, check_envelope
+from ..domain.journal import ArchiveInfo, Journal, check_agent, check_envelope
 from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
 from .fields import check_json_struct
 
@@ -37,6 +37,7 @@ class JournalServicer(ServicerBase, journal_pb2_grpc.JournalServiceServicer):
     async def AppendTurn(
         self, request: journal_pb2.AppendTurnRequest, context: grpc.aio.ServicerContext
     ) -> journal_pb2.AppendTurnResponse:
+        check_agent(request.agent, "agent")  # spec order: the agent before the record's Structs
         fields, extra = _record(request.record, "record")
         record_id = await self.journal.append(caller().tenant, request.agent, fields, extra, request.request_id)
         return journal_pb2.AppendTurnResponse(record_id=record_id)
@@ -84,6 +85,7 @@ class StoreApiServicer(ServicerBase, store_api_pb2_grpc.StoreApiServiceServicer)
         tenant = caller().tenant
         if payload == "memory_append":
             body = request.memory_append
+            check_agent(body.agent, "memory_append.agent")  # spec order: the agent before the record's Structs
             fields, extra = _record(body.record, "memory_append.record")
             record_id = await self.journal.append(
                 tenant, body.agent, fields, extra, request.request_id, field_prefix="memory_append."

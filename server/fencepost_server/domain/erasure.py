@@ -92,6 +92,20 @@ def _view(op_id: str, state: dict[str, object]) -> OperationView:
     )
 
 
+def _op_seed(tenant: str, agent: str | None, request_id: str) -> str:
+    """What a request id's operation id is derived from: one seed per (tenant,
+    scope, request id). Without NUL in any part it is the original form (the
+    tenant scope as NUL, a name no such agent has; as `None` it was the agent
+    "None"), so a retry across an upgrade finds its operation; its parts are
+    split by exactly two or three NULs. When a part holds NUL that form is
+    ambiguous (agent "a\\0b" + "r" vs agent "a" + "b\\0r"), so the seed is
+    their JSON list, which holds no NUL at all and so meets no original seed."""
+    if not any("\x00" in part for part in (tenant, agent or "", request_id)):
+        scope = "\x00" if agent is None else agent
+        return "\x00".join((tenant, scope, request_id))
+    return json.dumps([tenant, agent, request_id])
+
+
 class Eraser:
     """Starts, runs and reports erasure operations. One per process."""
 
@@ -117,9 +131,10 @@ class Eraser:
     # -- the RPCs ---------------------------------------------------------------------
     async def start(self, tenant: str, agent: str | None, request_id: str = "") -> OperationView:
         """Record a new operation (or return the one this request_id started)."""
-        if agent is not None and (not agent or "\x00" in agent):
-            raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL",
-                                  field="agent")
+        # any name a service stores data under can be erased: the journal and
+        # memory take names holding NUL, so NUL is no reason to refuse one
+        if agent is not None and not agent:
+            raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty", field="agent")
         if agent is not None and len(agent.encode()) > MAX_AGENT_BYTES:
             # the operation's record keeps the name, and must fit one DynamoDB item
             raise InvalidArgument(reasons.AGENT_NAME_INVALID,
@@ -128,9 +143,7 @@ class Eraser:
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")
-        # the tenant scope as NUL, a name no agent has (as `None` it was the agent "None")
-        scope = "\x00" if agent is None else agent
-        seed = f"{tenant}\x00{scope}\x00{request_id}" if request_id else uuid.uuid4().hex
+        seed = _op_seed(tenant, agent, request_id) if request_id else uuid.uuid4().hex
         op_id = _digest(seed)[:32]
         now = self.clock()
         state: dict[str, object] = {

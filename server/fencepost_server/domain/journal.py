@@ -143,12 +143,18 @@ class FlushOutcome:
     skipped: bool  # another flusher holds the lease
 
 
+#: the largest per-millisecond counter an id can carry (its six digits)
+_MAX_COUNTER = 999_999
+
+
 class IdSource:
     """Time-ordered unique record ids: `{ms:013d}-{counter:06d}-{node}`.
 
     Sortable as strings; within one process strictly increasing (a clock step
     backwards is absorbed by keeping the last millisecond); unique across
-    replicas through the random `node` tag."""
+    replicas through the random `node` tag. The counter has six digits: the
+    id after `999999` in one millisecond takes the next millisecond (counter
+    0), since a seventh digit would sort before the ids it follows."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -161,6 +167,8 @@ class IdSource:
         with self._lock:
             ms = max(int(self.clock() * 1000), self._last_ms)
             self._counter = self._counter + 1 if ms == self._last_ms else 0
+            if self._counter > _MAX_COUNTER:  # borrow the next millisecond (the clock catches up)
+                ms, self._counter = ms + 1, 0
             self._last_ms = ms
             return f"{ms:013d}-{self._counter:06d}-{self.node}"
 
@@ -247,8 +255,11 @@ class Journal:
         clock: Callable[[], float] = time.time,
         requests: RequestLog | None = None,
         pages: PageTokens | None = None,
+        events: Callable[..., None] | None = None,
     ) -> None:
         self.storage = storage
+        #: metrics hook: events("journal.flush_lag_seconds", 3.2); no-op by default
+        self.events: Callable[..., None] = events or (lambda name, value=1.0: None)
         self.limits = limits
         self.pages = pages or PageTokens.ephemeral()
         self.config = config or JournalConfig()
@@ -443,8 +454,13 @@ class Journal:
         return res.version if res.applied else None
 
     async def flush(self, tenant: str, agent: str, *, max_steps: int = BACKGROUND_FLUSH_STEPS) -> FlushOutcome:
-        """Fold the whole tail into segments under the flush lease."""
+        """Fold the whole tail into segments under the flush lease.
+
+        An empty tail is seen first with one read, and then nothing is taken
+        or written: a read of a folded journal (flush-on-read) stays read-only."""
         keys = _keys(tenant, agent)
+        if not await self.storage.list_keys(keys.tail, None, 1):
+            return FlushOutcome(0, 0, False)
         held = await self._acquire(keys)
         if held is None:
             return FlushOutcome(0, 0, True)
@@ -515,10 +531,17 @@ class Journal:
         ]
 
     async def flush_due(self) -> int:
-        """Flush every agent this replica appended to that is due. Returns how many ran."""
+        """Flush every agent this replica appended to that is due. Returns how many ran.
+
+        Reports `journal.flush_lag_seconds`: the largest age, at its flush, of
+        the oldest unflushed append among the agents whose records this pass
+        moved (a skipped or failed flush reports nothing: its records are
+        still due; nor does one that found the tail already folded by a read)."""
         ran = 0
+        lag: float | None = None
         for tenant, agent in self.due(time.monotonic()):
             slot = self.dirty.pop((tenant, agent), None)
+            started = time.monotonic()
             try:
                 out = await self.flush(tenant, agent)
             except Exception as exc:
@@ -526,10 +549,14 @@ class Journal:
                 out = FlushOutcome(0, 0, True)
             else:
                 self._flush_warning.ok()
+                if out.flushed and slot is not None:  # nothing moved: a read's flush got there first
+                    lag = max(lag or 0.0, started - slot[0])
             if out.skipped and slot is not None:  # try again later; keep what was counted
                 cur = self.dirty.setdefault((tenant, agent), [time.monotonic(), 0.0])
                 cur[1] += slot[1]
             ran += 1
+        if lag is not None:
+            self.events("journal.flush_lag_seconds", lag)
         return ran
 
     async def run_flusher(self) -> None:
