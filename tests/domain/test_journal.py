@@ -309,11 +309,34 @@ async def test_flush_due_reports_the_flush_lag(storage: Storage) -> None:
                 events=lambda name, value=1.0: seen.append((name, value)))
     for i in range(3):
         await j.append(TENANT, "lag", fields(i), extra(f"t{i}"))
-    j.dirty[(TENANT, "lag")][0] -= 5.0  # the first append is 5 s old
+    j.dirty[(TENANT, "lag")][2] -= 5.0  # the first append is 5 s old
     assert await j.flush_due() == 1
     lags = [v for name, v in seen if name == "journal.flush_lag_seconds"]
     assert len(lags) == 1 and 5.0 <= lags[0] < 60.0
     assert len(await list_all(storage, _Keys(TENANT, "lag").tail)) == 0
+
+
+async def test_a_skipped_flush_keeps_the_age_of_its_oldest_record(storage: Storage) -> None:
+    """A flush skipped (another flusher holds the lease) is due again later,
+    and the lag reported when it runs counts from the oldest append, not
+    from the skip."""
+    seen: list[tuple[str, float]] = []
+    j = Journal(storage, Limits(), JournalConfig(flush_seconds=0.0),
+                events=lambda name, value=1.0: seen.append((name, value)))
+    await j.append(TENANT, "slow", fields(0), extra("t0"))
+    j.dirty[(TENANT, "slow")][2] -= 5.0  # the append is 5 s old
+    real_flush = j.flush
+
+    async def held(tenant: str, agent: str) -> FlushOutcome:
+        return FlushOutcome(0, 0, True)
+
+    j.flush = held  # type: ignore[method-assign]
+    assert await j.flush_due() == 1
+    assert (TENANT, "slow") in j.dirty and not seen
+    j.flush = real_flush  # type: ignore[method-assign]
+    assert await j.flush_due() == 1
+    lags = [v for name, v in seen if name == "journal.flush_lag_seconds"]
+    assert len(lags) == 1 and 5.0 <= lags[0] < 60.0
 
 
 #: every backend operation that writes (anything else only reads)

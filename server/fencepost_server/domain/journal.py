@@ -266,7 +266,9 @@ class Journal:
         self.requests = requests or RequestLog(storage)
         self.clock = clock
         self.ids = IdSource(clock)
-        # (tenant, agent) -> [monotonic time of the first unflushed append, bytes]
+        # (tenant, agent) -> [monotonic time the flush is due from, bytes, time of
+        # the oldest unflushed append]: a skipped flush is due again a full
+        # interval later, and the lag it reports still counts from the oldest
         self.dirty: dict[tuple[str, str], list[float]] = {}
         self._flush_warning = ThrottledWarning(log, "journal flush")
         self._wake = asyncio.Event()
@@ -336,7 +338,8 @@ class Journal:
     def _note(self, tenant: str, agent: str, size: int) -> None:
         slot = self.dirty.get((tenant, agent))
         if slot is None:
-            self.dirty[(tenant, agent)] = [time.monotonic(), float(size)]
+            now = time.monotonic()
+            self.dirty[(tenant, agent)] = [now, float(size), now]
         else:
             slot[1] += size
             if slot[1] >= self.config.flush_bytes:
@@ -526,7 +529,7 @@ class Journal:
     # -- background ---------------------------------------------------------
     def due(self, now: float) -> list[tuple[str, str]]:
         return [
-            k for k, (since, size) in self.dirty.items()
+            k for k, (since, size, _) in self.dirty.items()
             if now - since >= self.config.flush_seconds or size >= self.config.flush_bytes
         ]
 
@@ -550,10 +553,12 @@ class Journal:
             else:
                 self._flush_warning.ok()
                 if out.flushed and slot is not None:  # nothing moved: a read's flush got there first
-                    lag = max(lag or 0.0, started - slot[0])
+                    lag = max(lag or 0.0, started - slot[2])
             if out.skipped and slot is not None:  # try again later; keep what was counted
-                cur = self.dirty.setdefault((tenant, agent), [time.monotonic(), 0.0])
+                now = time.monotonic()
+                cur = self.dirty.setdefault((tenant, agent), [now, 0.0, now])
                 cur[1] += slot[1]
+                cur[2] = min(cur[2], slot[2])
             ran += 1
         if lag is not None:
             self.events("journal.flush_lag_seconds", lag)
