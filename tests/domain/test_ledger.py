@@ -151,6 +151,26 @@ async def test_large_payloads_go_to_blobs_and_orphans_are_swept(storage: Storage
     assert ledger.janitor.stats.blobs_swept == 1
 
 
+async def test_blobs_of_a_tenant_with_a_hashed_key_segment_are_swept(storage: Storage) -> None:
+    """A tenant name too long for its key segment is stored hashed; the
+    janitor finds the inbox entry from the blob's key all the same."""
+    clock = FakeClock()
+    ledger = Ledger(storage, config=LedgerConfig(inline_event_bytes=16, orphan_grace=5), clock=clock)
+    tenant = "t" * 300
+    sid = (await ledger.open(tenant, "agent", "k"))[0].session_id
+    g = (await ledger.acquire(tenant, sid, "A", ttl=100)).generation
+    kept = await ledger.deliver(tenant, session_id=sid, payload=b"k" * 1000)
+    done = await ledger.deliver(tenant, session_id=sid, payload=b"x" * 1000)
+    await ledger.commit(tenant, sid, g, 0, [b"r"], [done.inbox_id], commit_id="c")
+    sk = ledger.keys(tenant, sid)
+    assert sk.blobs.split("/")[4].startswith("sha256:")
+    clock.now += 10
+    await ledger.janitor.scan()
+    assert await storage.get(sk.blob_key(done.inbox_id)) is None
+    assert await storage.get(sk.blob_key(kept.inbox_id)) is not None  # still pending: kept
+    assert ledger.janitor.stats.blobs_swept == 1
+
+
 async def test_duplicate_large_delivery_leaves_no_blob(storage: Storage) -> None:
     ledger = Ledger(storage, config=LedgerConfig(inline_event_bytes=16), clock=FakeClock())
     sid = await _session(ledger)

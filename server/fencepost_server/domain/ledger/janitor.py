@@ -24,14 +24,22 @@ import asyncio
 import json
 import logging
 import time
-from urllib.parse import unquote
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from ...storage import Check, Delete, Expect, Item
 from ..throttled_log import ThrottledWarning
 from .core import LedgerBase, SessionView, bad, require_holder
-from .layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, LeaseState, SessionKeys, inbox_time
+from .layout import (
+    BLOB_PREFIX,
+    ERASE_PREFIX,
+    PENDING_PREFIX,
+    PENDING_SHARDS,
+    LeaseState,
+    SessionKeys,
+    inbox_key_under,
+    inbox_time,
+)
 
 log = logging.getLogger("fencepost.ledger.janitor")
 
@@ -147,13 +155,10 @@ class Janitor:
                 keys = await self.storage.list_keys(prefix, start, _BATCH)
                 for key in keys:
                     rest = key[len(prefix):]  # {tenant}/{sid}/{inbox id}
-                    _tenant_enc, sid, inbox_id = rest.split("/", 2)
+                    tenant_segment, sid, inbox_id = rest.split("/", 2)
                     if now - inbox_time(inbox_id) <= self.grace:
                         continue
-                    tenant = _tenant_of(_tenant_enc)
-                    if tenant is None:
-                        continue
-                    inbox_key = SessionKeys(tenant, sid).inbox_key(inbox_id)
+                    inbox_key = inbox_key_under(tenant_segment, sid, inbox_id)
                     if await self.storage.get(inbox_key) is not None:
                         continue  # pending: a read, not a failed write, each pass
                     # The delete is conditioned on the entry's absence, never
@@ -218,8 +223,3 @@ class Janitor:
                 except asyncio.TimeoutError:
                     pass
 
-
-def _tenant_of(encoded: str) -> str | None:
-    """A tenant from its key segment; None for a hashed (over-long) name, whose
-    blobs are then left alone (deleting needs the inbox entry's key)."""
-    return None if encoded.startswith("sha256:") else unquote(encoded)

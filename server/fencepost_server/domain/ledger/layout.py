@@ -193,6 +193,14 @@ def agent_root(tenant: str, agent: str) -> str:
     return tenant_keys(tenant).agent(agent) + "durable-session/"
 
 
+def inbox_key_under(tenant_segment: str, sid: str, inbox_id: str) -> str:
+    """`SessionKeys(tenant, sid).inbox_key(inbox_id)` from the tenant's stored
+    key segment, for the janitor, which reads that segment from a blob's key
+    and cannot recover a hashed (over-long) name from it."""
+    # the same layout with the tenant's segment left empty, then put in front
+    return tenant_segment + SessionKeys("", sid).inbox_key(inbox_id)
+
+
 #: Index keys hold INDEX_TOP - micros, fixed width, so key order is newest first.
 INDEX_DIGITS = 17
 INDEX_TOP = 10**INDEX_DIGITS - 1
