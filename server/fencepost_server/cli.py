@@ -130,7 +130,17 @@ def _settings(args: argparse.Namespace) -> Settings:
 async def serve(settings: Settings, *, create_table: bool = False, tracing_line: str | None = None) -> int:
     from .app import App
 
+    loop = asyncio.get_running_loop()
+    # SIGHUP is handled from here on, before the identity files are read and
+    # through the whole start-up (the backend probe can take seconds): its
+    # default action would kill the server, and a reload asked for before the
+    # handler existed would be lost (a revoked token kept working).
+    # Signals run as loop callbacks, so one that arrives while App() reads the
+    # files is handled after: a second, harmless read.
+    built: list[App] = []
+    loop.add_signal_handler(signal.SIGHUP, lambda: built and built[0].reload_identities())
     app = App(settings, storage=open_storage(settings))
+    built.append(app)
     try:
         if create_table:
             from .cli_dynamodb import ensure_table
@@ -151,10 +161,8 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     extra = f" — {tracing_line}" if tracing_line else ""
     print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, app.reload_identities)
     if app.metrics_port is not None:
         print(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics",
               flush=True)

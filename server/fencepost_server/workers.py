@@ -87,6 +87,8 @@ class _Worker:
     started: float
     pending: bytes = b""
     ready: bool = False
+    #: a SIGHUP came while the worker was starting: sent once it serves
+    reload_owed: bool = False
 
 
 class Supervisor:
@@ -167,7 +169,12 @@ class Supervisor:
                 continue
             *lines, worker.pending = (worker.pending + chunk).split(b"\n")
             for line in lines:
-                worker.ready = worker.ready or line.startswith(READY_LINE)
+                if not worker.ready and line.startswith(READY_LINE):
+                    worker.ready = True
+                    if worker.reload_owed:
+                        worker.reload_owed = False
+                        with contextlib.suppress(ProcessLookupError):
+                            worker.proc.send_signal(signal.SIGHUP)
                 if line.startswith(b"fencepost "):  # its banners: say whose (log lines name it already)
                     line = b"[worker %d] " % worker.index + line
                 sys.stdout.buffer.write(line + b"\n")
@@ -198,7 +205,16 @@ class Supervisor:
         self._signal_all(signal.SIGTERM)
 
     def _on_reload(self, signum: int, _frame: Any) -> None:
-        self._signal_all(signal.SIGHUP)
+        # A worker that is still starting may not handle SIGHUP yet (its
+        # default action kills it) and may have read the identity files
+        # before this edit: it gets the signal once it says it serves (by
+        # then its handler is installed), so no worker keeps a revoked token.
+        for worker in self.workers.values():
+            if not worker.ready:
+                worker.reload_owed = True
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.send_signal(signal.SIGHUP)
 
 
 def _metrics_listen(listen: str | None, index: int) -> str | None:

@@ -1,0 +1,102 @@
+"""A SIGHUP that reaches `fencepost serve` while it is still starting (the
+backend probe can take seconds) reloads the identity files: it neither kills
+the process (SIGHUP's default action) nor is lost, which would leave a token
+revoked by that edit working until the next SIGHUP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fencepost
+from tests.api.security_support import write_tokens
+from tests.api.test_serve_process import free_port
+
+#: runs `fencepost serve`, with App.start patched to revoke the old token and
+#: send the reload signal before the server binds (what a deploy tool that
+#: edits the file and sends SIGHUP during start-up does)
+_SERVE_WITH_EDIT_DURING_START = """
+import asyncio, os, signal, sys
+from fencepost_server import app, cli
+from tests.api.security_support import write_tokens
+
+original = app.App.start
+tokens = sys.argv[1]
+
+async def start(self):
+    write_tokens(__import__("pathlib").Path(tokens), {"new-token": ("a", "service")})
+    os.kill(os.getpid(), signal.SIGHUP)
+    await asyncio.sleep(0.2)  # the signal is delivered and handled (or kills us) here
+    return await original(self)
+
+app.App.start = start
+sys.exit(cli.main(["serve", "--listen", "127.0.0.1:" + sys.argv[2], "--backend", "memory://",
+                   "--tokens-file", tokens]))
+"""
+
+
+def test_sighup_during_start_up_reloads_and_does_not_kill(tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens.json", {"old-token": ("a", "service")})
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_WITH_EDIT_DURING_START, str(tokens), str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "fencepost serving on" in line, (line, proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "")
+        with fencepost.Client(f"127.0.0.1:{port}", token="new-token", timeout=10) as fp:
+            fp.put("k", b"v")
+        with fencepost.Client(f"127.0.0.1:{port}", token="old-token", timeout=10) as fp:
+            with pytest.raises(fencepost.FencepostError):
+                fp.put("k", b"v")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+
+
+class _FakeProc:
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.stdout = None
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+def test_supervisor_sends_a_reload_to_a_starting_worker_once_it_serves() -> None:
+    """`--workers N`: a worker still starting is not sent SIGHUP (it could kill
+    it) but is owed one, sent when its "serving" line arrives."""
+    import time
+
+    from fencepost_server.config import Settings
+    from fencepost_server.workers import READY_LINE, Supervisor, _Worker
+
+    sup = Supervisor(Settings(), 2, False)
+    ready = _Worker(0, _FakeProc(), time.monotonic(), ready=True)  # type: ignore[arg-type]
+    starting = _Worker(1, _FakeProc(), time.monotonic())  # type: ignore[arg-type]
+    sup.workers = {0: ready, 1: starting}
+    read_end, write_end = os.pipe()
+    try:
+        sup._selector.register(read_end, __import__("selectors").EVENT_READ, starting)
+        sup._on_reload(signal.SIGHUP, None)
+        assert ready.proc.signals == [signal.SIGHUP]
+        assert starting.proc.signals == []  # not yet: its handler may not exist
+        os.write(write_end, READY_LINE + b" 127.0.0.1:1\n")
+        sup._pump(1.0)
+        assert starting.ready and starting.proc.signals == [signal.SIGHUP]
+        os.write(write_end, READY_LINE + b" again\n")
+        sup._pump(1.0)
+        assert starting.proc.signals == [signal.SIGHUP]  # owed once, paid once
+    finally:
+        sup._selector.close()
+        os.close(read_end)
+        os.close(write_end)
