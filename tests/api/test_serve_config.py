@@ -132,6 +132,13 @@ def test_tokens_file_missing(tmp_path: Path) -> None:
     pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '", "tenant": "t"}, '
                  '{"name": "b", "sha256": "' + "ab" * 32 + '", "tenant": "u"}]}', "one sha256",
                  id="one-token-two-tenants"),
+    # a tenant or role of another JSON type loaded, and every call of the token was INTERNAL
+    pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '", "tenant": 5}]}', "'tenant'",
+                 id="tenant-not-a-string"),
+    pytest.param('{"tokens": [{"name": "a", "sha256": "' + "ab" * 32 + '", "tenant": ["t"]}]}', "'tenant'",
+                 id="tenant-a-list"),
+    pytest.param('{"tokens": [{"name": ["a"], "sha256": "' + "ab" * 32 + '", "tenant": "t"}]}', "'name'",
+                 id="name-not-a-string"),
 ])
 def test_tokens_file_malformed(tmp_path: Path, content: str, expected: str) -> None:
     tokens = tmp_path / "tokens.json"

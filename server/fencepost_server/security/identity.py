@@ -40,6 +40,10 @@ class Identity:
 
 def _identity(entry: dict[str, str], subject: str, where: str) -> Identity:
     tenant, role = entry.get("tenant", ""), entry.get("role", "service")
+    # JSON carries any type: a tenant that is not a string loaded, and then
+    # every call of that identity failed as INTERNAL when its keys were built
+    if not isinstance(tenant, str):
+        raise ValueError(f"{where}: entry {subject!r} has a 'tenant' that is not a string")
     if not tenant:
         raise ValueError(f"{where}: entry {subject!r} has no tenant")
     if role not in ROLES:
@@ -96,6 +100,8 @@ class IdentityMap:
         out = []
         for n, entry in enumerate(_entries(self.tokens_file, "tokens", _TOKENS_SHAPE)):
             name = entry.get("name", "token")
+            if not isinstance(name, str):
+                raise ValueError(f"{where}: entry {n} has a 'name' that is not a string")
             hexdigest = _field(entry, "sha256", n, where, _TOKENS_SHAPE)
             try:
                 digest = bytes.fromhex(hexdigest)

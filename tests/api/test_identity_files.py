@@ -1,0 +1,43 @@
+"""The identity files' entries are typed: a tenant, role or name that is not
+a string is refused when the file is read (at start-up, and on SIGHUP, which
+keeps the previous map), never accepted and turned into INTERNAL on every
+call of that identity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fencepost_server.security import IdentityMap, hash_token
+
+
+def _tokens(path: Path, **entry: object) -> Path:
+    path.write_text(json.dumps({"tokens": [{"name": "a", "sha256": hash_token("tok"), **entry}]}))
+    return path
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param({"tenant": 5}, id="tenant-int"),
+    pytest.param({"tenant": {"x": 1}}, id="tenant-object"),
+    pytest.param({"tenant": "t", "role": None}, id="role-null"),
+    pytest.param({"tenant": "t", "name": 7}, id="name-int"),
+])
+def test_a_mistyped_entry_is_refused_and_a_reload_keeps_the_previous_map(tmp_path: Path, entry: dict) -> None:
+    path = _tokens(tmp_path / "tokens.json", tenant="t", role="service")
+    identities = IdentityMap(path)
+    assert identities.by_token("tok") is not None
+    with pytest.raises(ValueError):
+        IdentityMap(_tokens(tmp_path / "bad.json", **entry))
+    _tokens(path, **entry)
+    identities.reload()
+    found = identities.by_token("tok")
+    assert found is not None and found.tenant == "t"  # the previous map, still typed
+
+
+def test_a_mistyped_spiffe_entry_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "spiffe.json"
+    path.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": 12, "role": "service"}]}))
+    with pytest.raises(ValueError, match="'tenant'"):
+        IdentityMap(None, path)
