@@ -270,3 +270,18 @@ async def test_a_retry_reports_the_first_outcome_after_another_write(storage: St
     assert await evals.put_snapshot(T, A, {"s": 1}, request_id="req-snap") == first_ns != later_ns
     snap = await evals.get_snapshot(T, A)
     assert snap is not None and snap.snapshot == {"s": 2}
+
+
+async def test_an_agent_name_erase_agent_refuses_is_refused(storage: Storage) -> None:
+    """EvalService took an agent name of any length, EraseAgent none over
+    65,536 bytes: such an agent's runs could never be erased agent-wide."""
+    evals = store(storage)
+    big = "a" * 65_537
+    before = await all_keys(storage)
+    for call in (evals.put_run(T, big, "run-1", {"status": "started"}),
+                 evals.put_snapshot(T, big, {"arms": {}})):
+        with pytest.raises(InvalidArgument) as err:
+            await call
+        assert err.value.reason == reasons.AGENT_NAME_INVALID and err.value.field == "agent"
+    assert await all_keys(storage) == before
+    await evals.put_run(T, "a" * 65_536, "run-1", {"status": "started"})  # at the limit

@@ -416,3 +416,22 @@ async def test_an_audit_import_round_trip_keeps_forgotten_entries_forgotten(mem:
     assert not await mem.forget(T, B, gone.id)  # nothing live to forget
     again = await mem.import_entries(T, B, [v.entry for v in audit], forgotten=[gone.id])
     assert again.imported == 0 and sorted(again.skipped) == sorted([kept.id, gone.id])
+
+
+@pytest.mark.parametrize("agent", [pytest.param("a" * 65_537, id="over-64KiB")])
+async def test_an_agent_that_erase_agent_refuses_holds_no_memory(mem: MemoryStore, storage: Storage, agent: str) -> None:
+    """Memory took any non-empty agent_id, but AdminService.EraseAgent refuses
+    a name over 64 KiB: such an agent's memory could be written and never
+    erased agent-wide (spec/lifecycle.md). Refused alike, nothing written.
+    (NUL is fine for both: tests/lifecycle/test_erasure_operations.py.)"""
+    from fencepost_server.domain.erasure import Eraser
+
+    before = await lane_len(storage)
+    with pytest.raises(InvalidArgument) as err:
+        await mem.append(T, agent, "a fact")
+    assert err.value.reason == "FIELD_INVALID" and err.value.field == "agent_id"
+    with pytest.raises(InvalidArgument):
+        await mem.import_entries(T, agent, [Entry(id="x", content="c", created_at=5)])
+    with pytest.raises(InvalidArgument):
+        await Eraser(storage, None).start(T, agent)  # type: ignore[arg-type]
+    assert await lane_len(storage) == before

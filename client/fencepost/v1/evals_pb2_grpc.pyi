@@ -41,7 +41,9 @@ class EvalServiceStub:
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
+    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty, contains NUL or
+      is over 65,536 UTF-8 bytes (the longest AdminService.EraseAgent takes;
+      metadata `limit`, `size`).
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
       malformed, or the request does not decode (a string that is not valid
@@ -162,7 +164,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
+    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty, contains NUL or
+      is over 65,536 UTF-8 bytes (the longest AdminService.EraseAgent takes;
+      metadata `limit`, `size`).
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
       malformed, or the request does not decode (a string that is not valid
@@ -279,7 +283,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
     reason below, domain "fencepost.dev", and the variables in metadata):
-    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty or contains NUL.
+    - INVALID_ARGUMENT / AGENT_NAME_INVALID: `agent` is empty, contains NUL or
+      is over 65,536 UTF-8 bytes (the longest AdminService.EraseAgent takes;
+      metadata `limit`, `size`).
       Fix the name.
     - INVALID_ARGUMENT / FIELD_INVALID: another required field is empty or
       malformed, or the request does not decode (a string that is not valid

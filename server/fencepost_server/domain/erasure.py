@@ -49,7 +49,7 @@ from fencepost.keys import encode_segment
 
 from ..storage import Item, Storage
 from .errors import InvalidArgument, NotFound
-from .keys import GLOBAL_PREFIX, TenantKeys
+from .keys import GLOBAL_PREFIX, MAX_ERASABLE_AGENT_BYTES, TenantKeys
 from .ledger import Ledger
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
 from .throttled_log import ThrottledWarning
@@ -66,7 +66,7 @@ _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
 #: the longest agent name EraseAgent takes: its operation record keeps the name
-MAX_AGENT_BYTES = 65_536
+MAX_AGENT_BYTES = MAX_ERASABLE_AGENT_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,23 @@ from fencepost.keys import encode_segment
 
 GLOBAL_PREFIX = "#/"
 
+#: the longest agent name AdminService.EraseAgent takes (its operation record
+#: keeps the name, and must fit one DynamoDB item); a service that keys data
+#: by agent must refuse longer names, or that data could never be erased
+#: agent-wide
+MAX_ERASABLE_AGENT_BYTES = 65_536
+
+
+def erasable_agent_problem(agent: str) -> str | None:
+    """Why EraseAgent could not name `agent` (None when it can). Any character
+    is fine: every agent segment of a key is percent-encoded."""
+    if not agent:
+        return "must not be empty"
+    size = len(agent.encode("utf-8", "surrogatepass"))
+    if size > MAX_ERASABLE_AGENT_BYTES:
+        return f"is {size} bytes, over the limit of {MAX_ERASABLE_AGENT_BYTES}"
+    return None
+
 
 class TenantKeys:
     """Key builder for one tenant."""

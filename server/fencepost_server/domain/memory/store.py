@@ -38,7 +38,7 @@ from fencepost.keys import encode_segment
 
 from ...storage import Expect, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
-from ..keys import TenantKeys
+from ..keys import TenantKeys, erasable_agent_problem
 from ..limits import Limits
 from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
@@ -126,8 +126,12 @@ def _fingerprint(*parts: object) -> str:
 
 
 def check_agent(agent: str) -> None:
-    if not agent:
-        raise InvalidArgument(reasons.FIELD_INVALID, "agent_id must not be empty", field="agent_id")
+    # the names AdminService.EraseAgent takes, no more: memory kept under any
+    # other name could never be erased agent-wide (spec/lifecycle.md)
+    problem = erasable_agent_problem(agent)
+    if problem is not None:
+        size = len(agent.encode("utf-8", "surrogatepass"))
+        raise InvalidArgument(reasons.FIELD_INVALID, f"agent_id {problem}", {"size": size}, field="agent_id")
 
 
 class MemoryStore:

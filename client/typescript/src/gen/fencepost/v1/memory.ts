@@ -3834,8 +3834,9 @@ export const MemoryServiceBuildInjectionResponse: MessageFns<MemoryServiceBuildI
  *
  * Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
  * reason below, domain "fencepost.dev", and its variables in metadata):
- * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (empty agent_id,
- *   an unknown enum, an inverted validity window, a timestamp outside years
+ * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed (an agent_id
+ *   that is empty or over 65536 bytes, as EraseAgent refuses it: such an
+ *   agent's memory could never be erased; an unknown enum, an inverted validity window, a timestamp outside years
  *   1..9999) or the request does not decode (a string that is not valid
  *   UTF-8, a truncated message); see the BadRequest field violation. Fix the
  *   request; do not retry as is.
