@@ -100,3 +100,43 @@ def test_supervisor_sends_a_reload_to_a_starting_worker_once_it_serves() -> None
         sup._selector.close()
         os.close(read_end)
         os.close(write_end)
+
+
+async def test_an_open_stream_stops_delivering_once_its_token_is_revoked(tmp_path: Path) -> None:
+    """A server stream authenticated its caller once, at its start: a
+    WatchInbox opened with a token kept receiving the tenant's new events
+    after SIGHUP revoked that token, for as long as the session stayed held."""
+    import asyncio
+
+    from fencepost import errors
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"watcher": ("a", "service"), "sender": ("a", "service")})
+    app = App(Settings(listen="127.0.0.1:0", tokens_file=tokens), storage=MemoryStorage())
+    await app.start()
+    try:
+        target = f"127.0.0.1:{app.port}"
+        async with fencepost.AsyncClient(target, token="watcher", retry=fencepost.NO_RETRY, timeout=30) as watcher, \
+                fencepost.AsyncClient(target, token="sender", retry=fencepost.NO_RETRY, timeout=30) as sender:
+            sid = (await sender.open_session("agent", "s")).session_id
+            lease = await sender.acquire_lease(sid, "A", ttl=60)
+            await sender.deliver(b"before", session_id=sid)
+            seen: list[bytes] = []
+
+            async def watch() -> None:
+                async for event in watcher.watch_inbox(sid, lease.generation):
+                    seen.append(event.payload)
+
+            task = asyncio.create_task(watch())
+            while not seen:
+                await asyncio.sleep(0.01)
+            write_tokens(tokens, {"sender": ("a", "service")})  # "watcher" revoked
+            app.reload_identities()
+            await sender.deliver(b"after", session_id=sid)
+            with pytest.raises(errors.Unauthenticated):
+                await asyncio.wait_for(task, 10)
+            assert seen == [b"before"]
+    finally:
+        await app.stop(grace=0.2)

@@ -26,7 +26,7 @@ from grpc_status import rpc_status
 from fencepost import reasons
 
 from .. import tracing
-from ..domain.errors import Code, DomainError, PermissionDenied
+from ..domain.errors import Code, DomainError, PermissionDenied, Unauthenticated
 from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
 from .wire import UndecodableRequest
 
@@ -190,10 +190,24 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
         outcome = _OK
         span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
-            _caller.set(self.auth.identify(context))
+            who = self.auth.identify(context)
+            _caller.set(who)
             if isinstance(request, UndecodableRequest):
                 raise request.error()
+            seen = _auth_generation(self.auth)
             async for item in fn(self, request, context):
+                # A stream may outlive its credentials (WatchInbox runs while
+                # the session is held): after a reload of the identity files,
+                # the caller is identified again before anything more is sent,
+                # so a revoked token or a changed tenant / role gets nothing new.
+                if (now := _auth_generation(self.auth)) != seen:
+                    seen = now
+                    again = self.auth.identify(context)  # raises UNAUTHENTICATED for a revoked token
+                    if (again.tenant, again.role) != (who.tenant, who.role):
+                        raise Unauthenticated(
+                            reasons.UNAUTHENTICATED, "the caller's identity changed while the stream was open; "
+                            "call again with current credentials",
+                        )
                 yield item
         except Exception as exc:
             outcome, status = _failure(name, exc)
@@ -204,6 +218,11 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
                 _end_span(span, outcome)
 
     return wrapper
+
+
+def _auth_generation(auth: Authenticator) -> int:
+    """The authenticator's reload count (0 for one that never reloads)."""
+    return int(getattr(auth, "generation", 0))
 
 
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}

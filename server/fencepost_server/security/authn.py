@@ -157,9 +157,15 @@ def xfcc_elements(value: str) -> list[list[tuple[str, str]]] | None:
 
 
 class ChainAuthenticator:
-    def __init__(self, sources: Sequence[Source], description: str) -> None:
+    def __init__(self, sources: Sequence[Source], description: str, identities: IdentityMap | None = None) -> None:
         self.sources = list(sources)
         self.description = description
+        self.identities = identities
+
+    @property
+    def generation(self) -> int:
+        """Moves when the identity files are reloaded (see api/base.py: streams)."""
+        return self.identities.generation if self.identities is not None else 0
 
     def identify(self, context: grpc.aio.ServicerContext) -> Caller:
         for source in self.sources:
@@ -187,4 +193,4 @@ def build_authenticator(
     if trust_xfcc:
         sources.append(ForwardedCertSource(identities))
         parts.append("x-forwarded-client-cert")
-    return ChainAuthenticator(sources, "authentication: " + ", ".join(parts)), identities
+    return ChainAuthenticator(sources, "authentication: " + ", ".join(parts), identities), identities

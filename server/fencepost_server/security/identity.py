@@ -80,6 +80,8 @@ class IdentityMap:
         self.spiffe_file = spiffe_file
         self._tokens: list[tuple[bytes, Identity]] = []
         self._spiffe: dict[str, Identity] = {}
+        #: moves on every reload that took effect: open streams re-check their caller
+        self.generation = 0
         self.reload(strict=True)
 
     def reload(self, *, strict: bool = False) -> None:
@@ -92,6 +94,7 @@ class IdentityMap:
             log.error("identity files not reloaded, keeping the previous ones: %s", exc)
             return
         self._tokens, self._spiffe = tokens, spiffe
+        self.generation += 1
         log.info("identities loaded: %d token(s), %d SPIFFE id(s)", len(tokens), len(spiffe))
 
     def _load_tokens(self) -> list[tuple[bytes, Identity]]:
