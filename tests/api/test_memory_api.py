@@ -214,3 +214,21 @@ async def test_a_lane_that_keeps_moving_is_a_declared_txn_contended() -> None:
 
     for rpc in ("Append", "Forget", "ReassertTrust", "Pin", "Unpin", "Import"):
         assert "TXN_CONTENDED" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ()), rpc
+
+
+async def test_import_keeps_any_valid_created_at_and_requires_one(client: fencepost.AsyncClient) -> None:
+    """Import is verbatim: a created_at at or before 1970-01-01 (a valid
+    Timestamp) was refused as "created_at is required" although it was set."""
+    old = pb.MemoryEntry(id="old", content="from before the epoch")
+    old.created_at.FromDatetime(datetime(1969, 7, 20, 20, 17, tzinfo=timezone.utc))
+    epoch = pb.MemoryEntry(id="epoch", content="at the epoch")
+    epoch.created_at.FromDatetime(datetime(1970, 1, 1, tzinfo=timezone.utc))
+    assert (await client.memory_import(A, [old, epoch])).imported == 2
+    listed = (await client.memory_list(A)).entries
+    assert [(e.id, e.created_at.ToDatetime(tzinfo=timezone.utc)) for e in listed] == [
+        ("old", datetime(1969, 7, 20, 20, 17, tzinfo=timezone.utc)),
+        ("epoch", datetime(1970, 1, 1, tzinfo=timezone.utc)),
+    ]
+    with pytest.raises(errors.FieldInvalid) as err:
+        await client.memory_import(A, [pb.MemoryEntry(id="unset", content="no created_at")])
+    assert "entries[0].created_at is required" in str(err.value)

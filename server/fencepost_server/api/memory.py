@@ -99,8 +99,11 @@ def topic_pb(t: Topic) -> pb.MemoryTopic:
 
 def _imported(i: int, m: pb.MemoryEntry) -> Entry:
     where = f"entries[{i}]"
+    created = _micros(m, "created_at", where)
+    if created is None:  # any valid instant is kept verbatim, 1970 and before included
+        raise InvalidArgument(reasons.FIELD_INVALID, f"{where}.created_at is required", field=f"{where}.created_at")
     return Entry(
-        id=m.id, content=m.content, created_at=_micros(m, "created_at", where) or 0,
+        id=m.id, content=m.content, created_at=created,
         kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind", strict=False),
         about=tuple(m.about), valid_from=_micros(m, "valid_from", where),
         valid_until=_micros(m, "valid_until", where),

@@ -390,10 +390,6 @@ class MemoryStore:
             where = f"entries[{i}]"
             if not e.id:
                 raise InvalidArgument(reasons.FIELD_INVALID, f"{where}.id must not be empty", field=f"{where}.id")
-            if e.created_at <= 0:
-                raise InvalidArgument(
-                    reasons.FIELD_INVALID, f"{where}.created_at is required", field=f"{where}.created_at"
-                )
             rules.check_content(e.content, f"{where}.content")
             rules.check_window(e.valid_from, e.valid_until, f"{where}.valid_until")
             if e.supersedes is not None and e.supersedes == e.id:
