@@ -232,3 +232,17 @@ async def test_import_keeps_any_valid_created_at_and_requires_one(client: fencep
     with pytest.raises(errors.FieldInvalid) as err:
         await client.memory_import(A, [pb.MemoryEntry(id="unset", content="no created_at")])
     assert "entries[0].created_at is required" in str(err.value)
+
+
+async def test_a_page_token_with_limit_is_refused_not_ignored(client: fencepost.AsyncClient) -> None:
+    """List with `limit` is the bounded read and issues no tokens; a token sent
+    with it (another tenant's, an altered one, anything) was silently ignored
+    and the list served, where every listing refuses a token it did not issue."""
+    await client.memory_append(A, "one")
+    await client.memory_append(A, "two")
+    token = (await client.memory_list(A, page_size=1)).next_page_token
+    assert token
+    for sent in (token, "garbage"):
+        with pytest.raises(errors.PageTokenInvalid):
+            await client.memory_list(A, limit=5, page_token=sent)
+    assert len((await client.memory_list(A, limit=5)).entries) == 2

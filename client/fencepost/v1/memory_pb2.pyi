@@ -485,7 +485,9 @@ class MemoryServiceListRequest(_message.Message):
     page_size: _builtins.int
     """Without `limit`: 0 = default (100); at most 1000; negative is an error."""
     page_token: _builtins.str
-    """Without `limit`: a token from a previous response of this listing."""
+    """Without `limit`: a token from a previous response of this listing
+    (sent with `limit`, which issues none: PAGE_TOKEN_INVALID).
+    """
     def __init__(
         self,
         *,

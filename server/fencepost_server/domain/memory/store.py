@@ -448,6 +448,11 @@ class MemoryStore:
         or paged (every live entry, oldest first)."""
         if limit < 0:
             raise InvalidArgument(reasons.FIELD_INVALID, f"limit must not be negative (got {limit})", field="limit")
+        if limit and token:  # the bounded read issues no tokens: none sent with it is one of its own
+            raise InvalidArgument(
+                reasons.PAGE_TOKEN_INVALID, "page_token pages the listing without limit; send one or the other",
+                field="page_token",
+            )
         per_page = page_size(self.limits, size)
         folded = await self.fold(tenant, agent)
         at = self.clock()

@@ -476,7 +476,10 @@ export interface MemoryServiceListRequest {
   validity: MemoryValidityFilter;
   /** Without `limit`: 0 = default (100); at most 1000; negative is an error. */
   pageSize: number;
-  /** Without `limit`: a token from a previous response of this listing. */
+  /**
+   * Without `limit`: a token from a previous response of this listing
+   * (sent with `limit`, which issues none: PAGE_TOKEN_INVALID).
+   */
   pageToken: string;
 }
 
