@@ -47,7 +47,8 @@ export interface Page<T> {
 }
 
 export interface WriteOptions extends CallOptions {
-  /** AIP-155 request id; filled in when absent, which makes the write safe to retry. */
+  /** AIP-155 request id; filled in when absent, which makes the write safe to retry.
+   * `""` sends none: a conditional write or Txn is then never resent. */
   requestId?: string;
 }
 
@@ -56,6 +57,12 @@ export interface TxnRequestInit {
   successOps?: TxnOp[];
   failureOps?: TxnOp[];
 }
+
+/** Whether a conditional write may be resent: only with its request id. Sent
+ * with `requestId: ""` (none), its first attempt may have applied, and a resend
+ * would answer `applied = false` against the caller's own write, or apply a
+ * Txn's failure branch after its success branch. */
+const resendable = (requestId: string) => requestId !== "";
 
 const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
 
@@ -126,19 +133,19 @@ export class FencepostClient {
 
   async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, expectedVersion, requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
@@ -173,7 +180,7 @@ export class FencepostClient {
       failureOps: init.failureOps ?? [],
       requestId: options.requestId ?? newRequestId(),
     };
-    return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: true });
+    return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
   }
 
   // -- ledger (what a session holder needs) ----------------------------------
