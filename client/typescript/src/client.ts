@@ -27,6 +27,10 @@ export interface ClientOptions extends CallOptions {
 /** Where a client without a target connects when FENCEPOST_ENDPOINT is unset (as the Python SDK and CLI). */
 export const DEFAULT_ENDPOINT = "127.0.0.1:50051";
 
+/** Each call's deadline when the client's options name none (the Python SDK's DEFAULT_TIMEOUT);
+ * `timeoutMs: undefined`, given explicitly, sends calls without one. */
+export const DEFAULT_TIMEOUT_MS = 30_000;
+
 /** An entry read with its version. */
 export interface Entry {
   key: string;
@@ -95,7 +99,9 @@ export class FencepostClient {
     this.schedule = new ScheduleServiceClient(target, creds, shared);
     this.evals = new EvalServiceClient(target, creds, shared);
     this.admin = new AdminServiceClient(target, creds, shared);
-    this.defaults = { timeoutMs: options.timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
+    // A call without a deadline to a server that stalls never returns.
+    const timeoutMs = "timeoutMs" in options ? options.timeoutMs : DEFAULT_TIMEOUT_MS;
+    this.defaults = { timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
   }
 
   close(): void {

@@ -88,3 +88,29 @@ test("a conditional write or Txn sent without a request id is never resent", asy
     fp.close();
   }
 });
+
+test("a client's calls have the Python SDK's default deadline (30 s) unless told otherwise", async () => {
+  // Without one, a call to a server that accepted it and then stalled never returned.
+  const deadlines: (Date | number | undefined)[] = [];
+  const get: UnaryMethod<unknown, unknown> = (_req, _md, opts, cb) => {
+    deadlines.push(opts.deadline);
+    cb(null, { found: false, value: Buffer.alloc(0), version: "" });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const clients = [
+    new FencepostClient("127.0.0.1:1", { token: "" }),
+    new FencepostClient("127.0.0.1:1", { token: "", timeoutMs: 5_000 }),
+    new FencepostClient("127.0.0.1:1", { token: "", timeoutMs: undefined }),  // explicitly none
+  ];
+  try {
+    for (const fp of clients) {
+      (fp as unknown as { kv: unknown }).kv = { get };
+      await fp.get("k");
+    }
+    await clients[0].get("k", { timeoutMs: 1_000 });
+    const ahead = deadlines.map((d) => (d === undefined ? undefined : Math.round((Number(d) - Date.now()) / 1000)));
+    assert.deepEqual(ahead, [30, 5, undefined, 1]);
+  } finally {
+    for (const fp of clients) fp.close();
+  }
+});
