@@ -33,6 +33,9 @@ class TxnResult:
 
 def compare(key: str, *, exists: bool | None = None, version: str | None = None, value: bytes | None = None) -> kv_pb2.Compare:
     """Build a Txn compare (give exactly one of exists / version / value)."""
+    given = sum(target is not None for target in (exists, version, value))
+    if given > 1:  # a compare has one target: the others would be dropped, checking less than asked
+        raise ValueError("compare takes exactly one of exists / version / value")
     if exists is not None:
         return kv_pb2.Compare(key=key, exists=exists)
     if version is not None:

@@ -405,3 +405,14 @@ async def test_every_write_takes_exactly_the_limits_with_a_request_id(client: fe
     assert await client.put(key, value, request_id="lim-3") == put
     assert (await client.delete_if_version(key, txn.versions[0], request_id="lim-5")).applied
     assert [e async for e in client.list(key[:100])] == []
+
+
+def test_compare_takes_exactly_one_target() -> None:
+    """`compare` built a compare on the first of the targets given and dropped
+    the rest silently: `compare(k, exists=True, version=v)` then held for any
+    version of k."""
+    assert fencepost.compare("k", exists=False).exists is False
+    assert fencepost.compare("k", value=b"").HasField("value")
+    for targets in ({"exists": True, "version": "v1"}, {"version": "v1", "value": b"x"}, {}):
+        with pytest.raises(ValueError):
+            fencepost.compare("k", **targets)  # type: ignore[arg-type]
