@@ -33,6 +33,9 @@ class TxnResult:
 
 def compare(key: str, *, exists: bool | None = None, version: str | None = None, value: bytes | None = None) -> kv_pb2.Compare:
     """Build a Txn compare (give exactly one of exists / version / value)."""
+    given = sum(target is not None for target in (exists, version, value))
+    if given > 1:  # a compare has one target: the others would be dropped, checking less than asked
+        raise ValueError("compare takes exactly one of exists / version / value")
     if exists is not None:
         return kv_pb2.Compare(key=key, exists=exists)
     if version is not None:
@@ -54,6 +57,14 @@ def _rid(request_id: str | None) -> str:
     """Conditional writes always carry a request id, so a retry after an
     ambiguous failure reports the first outcome instead of `applied = false`."""
     return request_id if request_id is not None else new_request_id()
+
+
+def _resendable(request_id: str) -> bool:
+    """Whether a conditional write may be resent: only with its request id.
+    Without one (`request_id=""`) a resend after an applied attempt would
+    answer `applied = false` against the caller's own write, or (Txn) apply
+    the failure branch after the success branch."""
+    return bool(request_id)
 
 
 class KvMethods:
@@ -89,7 +100,7 @@ class KvMethods:
 
     async def put_if_absent(self, key: str, value: bytes, *, request_id: str | None = None, **opts: Any) -> CasResult:
         req = kv_pb2.PutIfAbsentRequest(key=key, value=value, request_id=_rid(request_id))
-        res = await self._caller.call(self._kv.PutIfAbsent, req, safe=True, **opts)
+        res = await self._caller.call(self._kv.PutIfAbsent, req, safe=_resendable(req.request_id), **opts)
         return CasResult(res.applied, res.version)
 
     async def put_if_version(
@@ -98,14 +109,14 @@ class KvMethods:
         req = kv_pb2.PutIfVersionRequest(
             key=key, value=value, expected_version=expected_version, request_id=_rid(request_id)
         )
-        res = await self._caller.call(self._kv.PutIfVersion, req, safe=True, **opts)
+        res = await self._caller.call(self._kv.PutIfVersion, req, safe=_resendable(req.request_id), **opts)
         return CasResult(res.applied, res.version)
 
     async def delete_if_version(
         self, key: str, expected_version: str, *, request_id: str | None = None, **opts: Any
     ) -> CasResult:
         req = kv_pb2.DeleteIfVersionRequest(key=key, expected_version=expected_version, request_id=_rid(request_id))
-        res = await self._caller.call(self._kv.DeleteIfVersion, req, safe=True, **opts)
+        res = await self._caller.call(self._kv.DeleteIfVersion, req, safe=_resendable(req.request_id), **opts)
         return CasResult(res.applied, res.version)
 
     async def list_page(
@@ -150,5 +161,5 @@ class KvMethods:
             compares=list(compares), success_ops=list(success), failure_ops=list(failure),
             request_id=_rid(request_id),
         )
-        res = await self._caller.call(self._kv.Txn, req, safe=True, **opts)
+        res = await self._caller.call(self._kv.Txn, req, safe=_resendable(req.request_id), **opts)
         return TxnResult(res.succeeded, list(res.versions), list(res.failed_compares))

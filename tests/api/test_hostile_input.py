@@ -599,3 +599,54 @@ async def test_a_txn_op_that_sets_no_write_is_refused(storage: Storage) -> None:
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
                 grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
         assert await snapshot(storage) == before
+
+
+async def test_txn_op_refusals_name_the_field_as_the_request_spells_it(storage: Storage) -> None:
+    """A Txn op's key or value over a limit (or a NUL key) is named by its
+    path in TxnRequest, as invalid UTF-8 in it is: `success_ops[1].put.key`,
+    `failure_ops[0].delete_key`, `success_ops[0].put.value`. The refusal
+    named `success_ops[1].key`, a field no TxnOp has."""
+    put = kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v"))
+    cases = [
+        (kv_pb2.TxnRequest(success_ops=[put, kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="x" * 1025))]),
+         reasons.KEY_TOO_LONG, "success_ops[1].put.key"),
+        (kv_pb2.TxnRequest(success_ops=[put], failure_ops=[kv_pb2.TxnOp(delete_key="a\x00")]),
+         reasons.KEY_INVALID, "failure_ops[0].delete_key"),
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(delete_key="")]), reasons.KEY_INVALID, "success_ops[0].delete_key"),
+        (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v" * (256 * 1024 + 1)))]),
+         reasons.VALUE_TOO_LARGE, "success_ops[0].put.value"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for msg, reason, field in cases:
+            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), field
+        assert await snapshot(storage) == before
+
+
+async def test_a_txn_compare_that_sets_no_target_is_refused(storage: Storage) -> None:
+    """A Compare with no target (exists / version / value), or with one of a
+    kind this server does not know (a newer client's, dropped as an unknown
+    field), held: the success branch applied on a condition nobody checked.
+    It is refused as an empty TxnOp is, naming the compare, and nothing is
+    written."""
+    unknown_target = kv_pb2.Compare(key="k").SerializeToString() + b"\x2a\x01\x01"  # field 5, a newer target
+    request = kv_pb2.TxnRequest(
+        compares=[kv_pb2.Compare(key="k", exists=False), kv_pb2.Compare.FromString(unknown_target)],
+        success_ops=[kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="won", value=b"v"))],
+        failure_ops=[kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="lost", value=b"v"))],
+    )
+    cases = [
+        (request, "compares[1]"),
+        (kv_pb2.TxnRequest(compares=[kv_pb2.Compare(key="k")]), "compares[0]"),
+    ]
+    async with running(storage) as srv:
+        before = await snapshot(storage)
+        for msg, field in cases:
+            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
+            assert refusal is not None, field
+            assert (refusal.code, refusal.info.reason, refusal.fields) == (
+                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
+        assert await snapshot(storage) == before

@@ -13,6 +13,7 @@ import fencepost
 from fencepost import errors
 from fencepost_server.storage import BackendUnavailable, Item, Storage, TxnResult
 from tests.conftest import running
+from tests.faults import FaultyStorage
 
 
 async def _all_keys(storage: Storage) -> list[str]:
@@ -149,6 +150,40 @@ async def test_request_id_applies_a_conditional_write_once(client: fencepost.Asy
     assert not other.applied
     with pytest.raises(errors.RequestIdReused):
         await client.put_if_absent("different", b"1", request_id="req-1")
+
+
+class _LoseNext(FaultyStorage):
+    """Applies the next call named `lose_call` and loses its response (only that
+    one: the server's background work keeps its own calls unharmed)."""
+
+    lose_call = ""
+
+    def _scheduled(self, name: str) -> str | None:
+        super()._scheduled(name)
+        if name != self.lose_call:
+            return None
+        self.lose_call = ""
+        return "lose"
+
+
+async def test_a_conditional_write_without_a_request_id_is_never_resent(storage: Storage) -> None:
+    """`request_id=""` opts a conditional write out of its request id; a
+    resend after an ambiguous failure is then no longer safe: a PutIfAbsent
+    whose first attempt applied would answer `applied = false` against its
+    own write, and a Txn whose success branch applied would apply its
+    failure branch too. The SDK surfaces the failure instead of resending."""
+    faulty = _LoseNext(storage, seed=0, fail=0, timeout=0, lose=0)
+    async with running(faulty) as srv, srv.client() as c:
+        faulty.lose_call = "put_if_absent"
+        with pytest.raises(errors.PersistenceUncertain):
+            await c.put_if_absent("once", b"mine", request_id="")
+        assert faulty.calls["put_if_absent"] == 1
+        faulty.lose_call = "transact"
+        with pytest.raises(errors.PersistenceUncertain):
+            await c.txn([fencepost.compare("lock", exists=False)], [fencepost.put_op("lock", b"won")],
+                        [fencepost.put_op("lost", b"both branches")], request_id="")
+        assert (await c.get("lock")).value == b"won"  # type: ignore[union-attr]
+        assert await c.get("lost") is None
 
 
 async def test_keys_of_other_tenants_namespaces_are_unreachable(client: fencepost.AsyncClient, storage: Storage) -> None:
@@ -370,3 +405,14 @@ async def test_every_write_takes_exactly_the_limits_with_a_request_id(client: fe
     assert await client.put(key, value, request_id="lim-3") == put
     assert (await client.delete_if_version(key, txn.versions[0], request_id="lim-5")).applied
     assert [e async for e in client.list(key[:100])] == []
+
+
+def test_compare_takes_exactly_one_target() -> None:
+    """`compare` built a compare on the first of the targets given and dropped
+    the rest silently: `compare(k, exists=True, version=v)` then held for any
+    version of k."""
+    assert fencepost.compare("k", exists=False).exists is False
+    assert fencepost.compare("k", value=b"").HasField("value")
+    for targets in ({"exists": True, "version": "v1"}, {"version": "v1", "value": b"x"}, {}):
+        with pytest.raises(ValueError):
+            fencepost.compare("k", **targets)  # type: ignore[arg-type]

@@ -129,6 +129,18 @@ async def test_list_prefix_edge_cases(storage: Storage) -> None:
     assert await storage.list_keys("b", "a") == ["b"]
 
 
+async def test_list_prefix_ending_just_below_the_surrogates(storage: Storage) -> None:
+    """U+D7FF is a valid key character whose next code point (U+D800) is a
+    surrogate, which has no UTF-8 form: the end of a prefix ending in it is
+    U+E000. Listing it used to fail SQLite's range bound (INTERNAL)."""
+    keys = ["p\ud7ff", "p\ud7ffx", "p\ud7ff\U0010ffff", "p\ue000", "p\ud7fe"]
+    for key in keys:
+        await storage.put(key, b"v")
+    assert await storage.list_keys("p\ud7ff") == ["p\ud7ff", "p\ud7ffx", "p\ud7ff\U0010ffff"]
+    assert [i.key for i in await storage.list("p\ud7ff", "p\ud7ffx")] == ["p\ud7ff\U0010ffff"]
+    assert await storage.list_keys("p") == sorted(keys)
+
+
 async def test_transact_all_or_nothing(storage: Storage) -> None:
     v = await storage.put("t/guard", b"g")
     res = await storage.transact(

@@ -134,7 +134,8 @@ class KvServiceStub:
     At most 100 operations: the compares plus the ops of a branch, plus 2
     when `request_id` is set (its marker travels in the same atomic write).
     Errors: the common ones (FIELD_INVALID also for an op that sets neither
-    put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+    put nor delete_key, and for a compare that sets no target: it is never
+    taken to hold); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
     operations or the 4 MiB transaction byte limit, which counts the
     transaction as stored: keys with the server's tenant scope, values,
     compare values and a request_id's marker; metadata `limit`, `size`);
@@ -254,7 +255,8 @@ class KvServiceAsyncStub(KvServiceStub):
     At most 100 operations: the compares plus the ops of a branch, plus 2
     when `request_id` is set (its marker travels in the same atomic write).
     Errors: the common ones (FIELD_INVALID also for an op that sets neither
-    put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+    put nor delete_key, and for a compare that sets no target: it is never
+    taken to hold); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
     operations or the 4 MiB transaction byte limit, which counts the
     transaction as stored: keys with the server's tenant scope, values,
     compare values and a request_id's marker; metadata `limit`, `size`);
@@ -431,7 +433,8 @@ class KvServiceServicer(metaclass=_abc_1.ABCMeta):
         At most 100 operations: the compares plus the ops of a branch, plus 2
         when `request_id` is set (its marker travels in the same atomic write).
         Errors: the common ones (FIELD_INVALID also for an op that sets neither
-        put nor delete_key); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
+        put nor delete_key, and for a compare that sets no target: it is never
+        taken to hold); INVALID_ARGUMENT / TXN_TOO_LARGE (over those 100
         operations or the 4 MiB transaction byte limit, which counts the
         transaction as stored: keys with the server's tenant scope, values,
         compare values and a request_id's marker; metadata `limit`, `size`);

@@ -27,6 +27,10 @@ export interface ClientOptions extends CallOptions {
 /** Where a client without a target connects when FENCEPOST_ENDPOINT is unset (as the Python SDK and CLI). */
 export const DEFAULT_ENDPOINT = "127.0.0.1:50051";
 
+/** Each call's deadline when the client's options name none (the Python SDK's DEFAULT_TIMEOUT);
+ * `timeoutMs: undefined`, given explicitly, sends calls without one. */
+export const DEFAULT_TIMEOUT_MS = 30_000;
+
 /** An entry read with its version. */
 export interface Entry {
   key: string;
@@ -47,7 +51,8 @@ export interface Page<T> {
 }
 
 export interface WriteOptions extends CallOptions {
-  /** AIP-155 request id; filled in when absent, which makes the write safe to retry. */
+  /** AIP-155 request id; filled in when absent, which makes the write safe to retry.
+   * `""` sends none: a conditional write or Txn is then never resent. */
   requestId?: string;
 }
 
@@ -56,6 +61,12 @@ export interface TxnRequestInit {
   successOps?: TxnOp[];
   failureOps?: TxnOp[];
 }
+
+/** Whether a conditional write may be resent: only with its request id. Sent
+ * with `requestId: ""` (none), its first attempt may have applied, and a resend
+ * would answer `applied = false` against the caller's own write, or apply a
+ * Txn's failure branch after its success branch. */
+const resendable = (requestId: string) => requestId !== "";
 
 const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
 
@@ -88,7 +99,9 @@ export class FencepostClient {
     this.schedule = new ScheduleServiceClient(target, creds, shared);
     this.evals = new EvalServiceClient(target, creds, shared);
     this.admin = new AdminServiceClient(target, creds, shared);
-    this.defaults = { timeoutMs: options.timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
+    // A call without a deadline to a server that stalls never returns.
+    const timeoutMs = "timeoutMs" in options ? options.timeoutMs : DEFAULT_TIMEOUT_MS;
+    this.defaults = { timeoutMs, metadata, retry: options.retry ?? DEFAULT_RETRY };
   }
 
   close(): void {
@@ -126,19 +139,19 @@ export class FencepostClient {
 
   async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
     const req = { key, expectedVersion, requestId: options.requestId ?? newRequestId() };
-    const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: true });
+    const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
@@ -173,7 +186,7 @@ export class FencepostClient {
       failureOps: init.failureOps ?? [],
       requestId: options.requestId ?? newRequestId(),
     };
-    return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: true });
+    return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
   }
 
   // -- ledger (what a session holder needs) ----------------------------------

@@ -5,7 +5,7 @@ import { test } from "node:test";
 
 import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
-import { FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary } from "../src";
+import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary } from "../src";
 
 const fast: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 1, maxBackoffMs: 2, multiplier: 2 };
 
@@ -51,4 +51,66 @@ test("an expired deadline fails with DEADLINE_EXCEEDED before calling", async ()
   const f = failing([]);
   await assert.rejects(callUnary(f.method, "r", true, { timeoutMs: 0 }), (e: FencepostError) => e.code === status.DEADLINE_EXCEEDED);
   assert.equal(f.calls(), 0);
+});
+
+test("a conditional write or Txn sent without a request id is never resent", async () => {
+  // Its first attempt may have applied: a resend would answer applied = false
+  // against the caller's own write, or apply a Txn's failure branch too.
+  let calls = 0;
+  const unavailable: UnaryMethod<unknown, unknown> = (_req, _md, _opts, cb) => {
+    calls++;
+    const code = status.UNAVAILABLE;
+    cb(Object.assign(new Error("UNAVAILABLE"), { code, details: "UNAVAILABLE", metadata: new Metadata() }) as ServiceError, undefined);
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { retry: fast, token: "" });
+  (fp as unknown as { kv: unknown }).kv = {
+    putIfAbsent: unavailable, putIfVersion: unavailable, deleteIfVersion: unavailable, txn: unavailable,
+  };
+  try {
+    const writes = (requestId?: string) => [
+      () => fp.putIfAbsent("k", Buffer.from("v"), { requestId }),
+      () => fp.putIfVersion("k", Buffer.from("v"), "v1", { requestId }),
+      () => fp.deleteIfVersion("k", "v1", { requestId }),
+      () => fp.txn({}, { requestId }),
+    ];
+    for (const write of writes("")) {
+      calls = 0;
+      await assert.rejects(write(), (e: FencepostError) => e.code === status.UNAVAILABLE);
+      assert.equal(calls, 1);
+    }
+    for (const write of writes(undefined)) {  // the client fills a request id in: safe to resend
+      calls = 0;
+      await assert.rejects(write(), (e: FencepostError) => e.code === status.UNAVAILABLE);
+      assert.equal(calls, fast.maxAttempts);
+    }
+  } finally {
+    fp.close();
+  }
+});
+
+test("a client's calls have the Python SDK's default deadline (30 s) unless told otherwise", async () => {
+  // Without one, a call to a server that accepted it and then stalled never returned.
+  const deadlines: (Date | number | undefined)[] = [];
+  const get: UnaryMethod<unknown, unknown> = (_req, _md, opts, cb) => {
+    deadlines.push(opts.deadline);
+    cb(null, { found: false, value: Buffer.alloc(0), version: "" });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const clients = [
+    new FencepostClient("127.0.0.1:1", { token: "" }),
+    new FencepostClient("127.0.0.1:1", { token: "", timeoutMs: 5_000 }),
+    new FencepostClient("127.0.0.1:1", { token: "", timeoutMs: undefined }),  // explicitly none
+  ];
+  try {
+    for (const fp of clients) {
+      (fp as unknown as { kv: unknown }).kv = { get };
+      await fp.get("k");
+    }
+    await clients[0].get("k", { timeoutMs: 1_000 });
+    const ahead = deadlines.map((d) => (d === undefined ? undefined : Math.round((Number(d) - Date.now()) / 1000)));
+    assert.deepEqual(ahead, [30, 5, undefined, 1]);
+  } finally {
+    for (const fp of clients) fp.close();
+  }
 });

@@ -13,7 +13,7 @@ from ..storage import Delete, Expect, Put, Write
 from .base import Authenticator, RpcObserver, ServicerBase, caller, unary
 
 
-def _expect(c: kv_pb2.Compare) -> Expect:
+def _expect(c: kv_pb2.Compare, i: int) -> Expect:
     which = c.WhichOneof("target")
     if which == "exists":
         return Expect(exists=c.exists)
@@ -21,7 +21,11 @@ def _expect(c: kv_pb2.Compare) -> Expect:
         return Expect(version=c.version)
     if which == "value":
         return Expect(value=c.value)
-    return Expect()  # no target: always holds
+    # Holding it as "always true" would apply the success branch on a
+    # condition nobody checked (a newer client's target arrives here as an
+    # unknown field, i.e. as no target at all).
+    raise InvalidArgument(reasons.FIELD_INVALID, f"compares[{i}] sets no target (exists, version or value)",
+                          field=f"compares[{i}]")
 
 
 def _writes(ops: list[kv_pb2.TxnOp], field: str) -> list[Write]:
@@ -112,7 +116,7 @@ class KvServicer(ServicerBase, kv_pb2_grpc.KvServiceServicer):
 
     @unary
     async def Txn(self, request: kv_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> kv_pb2.TxnResponse:
-        compares = [Compare(c.key, _expect(c)) for c in request.compares]
+        compares = [Compare(c.key, _expect(c, i)) for i, c in enumerate(request.compares)]
         out = await self.kv.txn(
             caller().tenant, compares, _writes(list(request.success_ops), "success_ops"),
             _writes(list(request.failure_ops), "failure_ops"),

@@ -253,9 +253,11 @@ class KvStore:
             seen: set[str] = set()
             size = 0
             for i, w in enumerate(branch):
-                check_key(w.key, self.limits, f"{name}[{i}].key")
+                # named as TxnRequest spells the field (a TxnOp is `put` or `delete_key`)
+                op = f"{name}[{i}].put" if isinstance(w, Put) else None
+                check_key(w.key, self.limits, f"{op}.key" if op else f"{name}[{i}].delete_key")
                 if isinstance(w, Put):
-                    check_value(w.value, self.limits, f"{name}[{i}].value")
+                    check_value(w.value, self.limits, f"{op}.value")
                     size += len(w.value)
                 size += len(w.key.encode())
                 if w.key in seen:

@@ -284,7 +284,10 @@ def prefix_end(prefix: str) -> str | None:
     stripped = prefix.rstrip("\U0010ffff")
     if not stripped:
         return None
-    return stripped[:-1] + chr(ord(stripped[-1]) + 1)
+    nxt = ord(stripped[-1]) + 1
+    # U+D800..U+DFFF are surrogates, which no key holds and UTF-8 cannot
+    # encode: the code point after U+D7FF, in byte order too, is U+E000.
+    return stripped[:-1] + chr(0xE000 if nxt == 0xD800 else nxt)
 
 
 class Storage(abc.ABC):
