@@ -269,12 +269,16 @@ class EvalStore:
         newest_first = sorted(rows, key=lambda r: (-updated[r.key], r.key))
         doomed = newest_first[window:]
         pruned = 0
+        spared: dict[str, Item | None] = {}
         for row in doomed:
             # Conditioned on the version read: a run upserted meanwhile survives.
             if (await self.storage.delete_if_version(row.key, row.version)).applied:
                 pruned += 1
+            else:  # still stored (the listing returns every stored run): as it is now
+                spared[row.key] = await self.storage.get(row.key)
         gone = {r.key for r in doomed}
-        return [r for r in rows if r.key not in gone], pruned
+        kept = [spared.get(r.key) if r.key in gone else r for r in rows]
+        return [r for r in kept if r is not None], pruned
 
     # -- A/B samples -------------------------------------------------------------
     async def put_sample(
