@@ -236,3 +236,17 @@ async def test_used_up_reminder_ids_refuse_a_create_instead_of_losing_it(storage
         assert (await c.get_session(sid)).seq == 1  # nothing was written
         page = await c.list_reminders_page(sid)
         assert list(page.reminders) == [] and len(page.rejected) == 1
+
+
+async def test_a_target_in_the_last_second_of_9999_is_answered_exactly(storage: Storage) -> None:
+    """scheduled_at may be any millisecond up to 9999-12-31T23:59:59.999Z (a
+    Timestamp holds it): the answer carries the stored target, not one cut
+    back to the whole second (which reads as earlier than the real target)."""
+    clock = FakeClock(1_700_000_000.5)
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "last-second")
+        after = (253_402_300_799_500 - 1_700_000_000_500) // 1000
+        made = await c.create_reminder(sid, gen, "at the very end", after_seconds=after)
+        assert made.scheduled_at == 253_402_300_799.5
+        [listed] = [r async for r in c.list_reminders(sid)]
+        assert listed.scheduled_at == 253_402_300_799.5
