@@ -250,3 +250,27 @@ async def test_a_target_in_the_last_second_of_9999_is_answered_exactly(storage: 
         assert made.scheduled_at == 253_402_300_799.5
         [listed] = [r async for r in c.list_reminders(sid)]
         assert listed.scheduled_at == 253_402_300_799.5
+
+
+async def test_many_large_rejected_records_do_not_break_the_listing(storage: Storage) -> None:
+    """Refused records are reported, but a log full of large ones (another
+    writer's: each names a 200 KB id) must not make every ListReminders /
+    DueReminders answer larger than a message (RESOURCE_EXHAUSTED forever):
+    each reason quotes a bounded excerpt and at most the first 100 are listed."""
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=30) as c:
+        sid, gen = await _held(c, "rejects")
+        await c.create_reminder(sid, gen, "still here", after_seconds=1)
+        huge = b'{"record":{"v":1,"type":"delete","id":"' + b"x" * 200_000 + b'"},"stream":"schedule/change"}'
+        small = b'{"record":{"v":1,"type":"dispatch","id":"rem_7"},"stream":"schedule/change"}'
+        seq = 1
+        for _ in range(12):  # 48 records of 200 KB: ~9.6 MB of bad ids
+            seq = (await c.commit(sid, gen, seq, [huge] * 4)).seq
+        seq = (await c.commit(sid, gen, seq, [small] * 64)).seq
+        seq = (await c.commit(sid, gen, seq, [small] * 64)).seq
+        clock.now += 2  # the reminder is due
+        for page in (await c.list_reminders_page(sid), await c.list_reminders_page(sid, due=True)):
+            assert [r.prompt for r in page.reminders] == ["still here"]
+            assert len(page.rejected) == 100
+            assert [x.seq for x in page.rejected] == list(range(2, 102))  # the first ones, in log order
+            assert all(len(x.reason) <= 300 for x in page.rejected)

@@ -17,7 +17,8 @@ object tagged `"stream": "schedule/change"`) are not ours: the fold skips
 them. A record that *is* tagged but does not decode strictly (unknown
 version, unknown / missing / extra field, wrong type, a reused id, a delete
 or dispatch of an id that is not active) is **rejected**: it changes nothing
-and is reported (`Fold.rejected`), never silently dropped.
+and is reported (`Fold.rejected`: the first MAX_REJECTED, each reason quoting
+a bounded excerpt), never silently dropped.
 
 Nothing here does I/O or reads a clock: `Fold` is a pure function of the
 (seq, bytes) records it is given.
@@ -45,6 +46,20 @@ _KEYS = {
     "dispatch": frozenset({"v", "type", "id"}),
 }
 _TAG = STREAM.encode()
+
+
+#: the refused records a fold keeps (and a listing reports): the first ones, in
+#: log order. A log may hold any number of them, each up to a record's size:
+#: reported whole, they would outgrow every response (RESOURCE_EXHAUSTED on
+#: each read: the session's reminders disabled by another writer's records).
+MAX_REJECTED = 100
+_EXCERPT_CHARS = 64  # how much of a refused value a reason quotes
+
+
+def _excerpt(value: object) -> str:
+    """repr(value), cut to a bounded excerpt (a refused id may be 256 KiB)."""
+    text = repr(value)
+    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}... ({len(text)} chars)"
 
 
 class RecordError(ValueError):
@@ -133,30 +148,30 @@ def decode(envelope: dict[str, object]) -> Change:
     version-1 create / delete / dispatch. (Transitions are checked by the fold.)"""
     extra = set(envelope) - _ENVELOPE_KEYS
     if extra:
-        raise RecordError(f"unknown envelope field(s) {sorted(extra)}")
+        raise RecordError(f"unknown envelope field(s) {_excerpt(sorted(extra))}")
     record = envelope.get("record")
     if not isinstance(record, dict):
         raise RecordError("the envelope has no `record` object")
     v = record.get("v")
     if type(v) is not int or v != VERSION:
-        raise RecordError(f"unsupported version {v!r} (only {VERSION} is understood)")
+        raise RecordError(f"unsupported version {_excerpt(v)} (only {VERSION} is understood)")
     kind = record.get("type")
     if not isinstance(kind, str) or kind not in _KEYS:
-        raise RecordError(f"unknown record type {kind!r}")
+        raise RecordError(f"unknown record type {_excerpt(kind)}")
     keys = set(record)
     if keys != _KEYS[kind]:
         missing, extra = sorted(_KEYS[kind] - keys), sorted(keys - _KEYS[kind])
-        raise RecordError(f"{kind} record fields: missing {missing}, unknown {extra}")
+        raise RecordError(f"{kind} record fields: missing {missing}, unknown {_excerpt(extra)}")
     rid = record["id"]
     if id_number(rid) is None:  # type: ignore[arg-type]
-        raise RecordError(f"malformed reminder id {rid!r}")
+        raise RecordError(f"malformed reminder id {_excerpt(rid)}")
     assert isinstance(rid, str)
     if kind == "delete":
         return Delete(rid)
     if kind == "dispatch":
         return Dispatch(rid)
     if record["kind"] != "after":
-        raise RecordError(f"unsupported rule kind {record['kind']!r} (only 'after')")
+        raise RecordError(f"unsupported rule kind {_excerpt(record['kind'])} (only 'after')")
     prompt = record["prompt"]
     if not isinstance(prompt, str) or not prompt or prompt != prompt.strip():
         raise RecordError("prompt must be a non-empty trimmed string")
@@ -164,10 +179,10 @@ def decode(envelope: dict[str, object]) -> Change:
         raise RecordError("prompt holds a lone surrogate (a \\uD800-\\uDFFF escape): not Unicode text")
     after = record["after_seconds"]
     if not is_safe_positive(after):
-        raise RecordError(f"after_seconds {after!r} is not a positive safe integer")
+        raise RecordError(f"after_seconds {_excerpt(after)} is not a positive safe integer")
     at = record["scheduled_at"]
     if type(at) is not int or not 0 <= at <= MAX_SCHEDULED_AT_MS:
-        raise RecordError(f"scheduled_at {at!r} is not an instant in 1970..9999 (unix ms)")
+        raise RecordError(f"scheduled_at {_excerpt(at)} is not an instant in 1970..9999 (unix ms)")
     assert isinstance(after, int)
     return Create(rid, prompt, after, at)
 
@@ -247,7 +262,7 @@ class Fold:
                 else:
                     del active[change.id]
             except RecordError as exc:
-                if not inherited:
+                if not inherited and len(rejected) < MAX_REJECTED:
                     rejected.append(Rejected(seq, str(exc)))
         return replace(
             self, seq=max(seq, self.seq), active=active, used=frozenset(used), max_id=max_id,
