@@ -198,3 +198,18 @@ def test_ids_are_never_reused_after_delete(steps: list[tuple[bool, int]]) -> Non
             victim = sorted(f.active)[pick % len(f.active)]
             log.append(encode(Delete(victim)))
     assert fold(as_log(log)).rejected == ()
+
+
+@pytest.mark.parametrize("tag", [rb"schedule\/change", rb"\u0073chedule/change", rb"schedule\u002Fchange"])
+def test_a_record_tagged_with_json_escapes_is_ours(tag: bytes) -> None:
+    """A record is ours when it *parses* as an object whose stream is
+    "schedule/change": a writer whose JSON escapes `/` (PHP's json_encode
+    does by default) or any letter writes the same record. Skipped by a
+    byte search for the plain tag, its dispatch was silently lost (the
+    reminder stayed due) and a bad one was never reported."""
+    dispatch = b'{"record":{"v":1,"type":"dispatch","id":"rem_1"},"stream":"' + tag + b'"}'
+    f = fold(as_log([create(1), dispatch]))
+    assert f.active == {} and f.rejected == ()
+    bad = b'{"record":{"v":2,"type":"dispatch","id":"rem_1"},"stream":"' + tag + b'"}'
+    f = fold(as_log([create(1), bad]))
+    assert list(f.active) == ["rem_1"] and [r.seq for r in f.rejected] == [2]

@@ -130,7 +130,11 @@ def encode(change: Change) -> bytes:
 # -- the strict decoder -------------------------------------------------------------
 def is_schedule_record(data: bytes) -> dict[str, object] | None:
     """The parsed envelope when `data` is tagged as ours, else None (skip it)."""
-    if _TAG not in data:  # fast path: most records are the runtime's own
+    # Fast path: most records are the runtime's own. Only the plain tag or a
+    # JSON escape (`\/`, `\uXXXX`: the same string, as PHP's encoder and
+    # ASCII-only ones write it) can spell "schedule/change"; a record with
+    # neither is not ours, one with an escape is parsed to know.
+    if _TAG not in data and b"\\/" not in data and b"\\u" not in data:
         return None
     try:
         obj = json.loads(data)
