@@ -274,3 +274,16 @@ async def test_many_large_rejected_records_do_not_break_the_listing(storage: Sto
             assert len(page.rejected) == 100
             assert [x.seq for x in page.rejected] == list(range(2, 102))  # the first ones, in log order
             assert all(len(x.reason) <= 300 for x in page.rejected)
+
+
+async def test_a_prompt_over_the_record_limit_is_refused_naming_the_prompt(storage: Storage) -> None:
+    """RECORD_TOO_LARGE names the request's `prompt` (what the caller can fix),
+    not `records`, a field CreateReminderRequest does not have: a 60 KB
+    prompt of control characters is a 360 KB record once JSON-escaped."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "big")
+        with pytest.raises(errors.RecordTooLarge) as exc:
+            await c.create_reminder(sid, gen, "a" + "\x01" * 60_000 + "z", after_seconds=5)
+        assert list(exc.value.field_violations) == ["prompt"]
+        assert exc.value.metadata["limit"] == str(256 * 1024)
+        assert (await c.get_session(sid)).seq == 0
