@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencepost_server.domain.schedule import Create, Delete, Dispatch, RecordError, decode, encode, fold
-from fencepost_server.domain.schedule.records import MAX_AFTER_SECONDS, Fold
+from fencepost_server.domain.schedule.records import MAX_AFTER_SECONDS, Fold, js_trim
 
 FAST = settings(max_examples=60, deadline=None)
 
-prompts = st.text(min_size=1, max_size=20).map(str.strip).filter(bool)
+prompts = st.text(min_size=1, max_size=20).map(js_trim).filter(bool)
 afters = st.integers(1, MAX_AFTER_SECONDS)
 
 
@@ -213,3 +213,21 @@ def test_a_record_tagged_with_json_escapes_is_ours(tag: bytes) -> None:
     bad = b'{"record":{"v":2,"type":"dispatch","id":"rem_1"},"stream":"' + tag + b'"}'
     f = fold(as_log([create(1), bad]))
     assert list(f.active) == ["rem_1"] and [r.seq for r in f.rejected] == [2]
+
+
+def test_trimmed_means_what_javascript_trim_means() -> None:
+    """The seed's runtime (TypeScript) trims with String.prototype.trim: it
+    keeps U+001C..U+001F and U+0085 (Python's str.strip removes them) and
+    removes U+FEFF (str.strip keeps it). A create it wrote with a prompt
+    ending in U+0085 decodes; one starting with U+FEFF is not trimmed."""
+    f = fold(as_log([create(1, prompt="\x1fnote\x85")]))
+    assert [r.prompt for r in f.reminders()] == ["\x1fnote\x85"] and f.rejected == ()
+    f = fold(as_log([create(1, prompt="\ufeffnote")]))
+    assert f.active == {} and len(f.rejected) == 1
+
+
+def test_create_trims_as_javascript_does() -> None:
+    from fencepost_server.domain.schedule.service import check_prompt
+
+    assert check_prompt("\ufeff\u3000 note \x85\ufeff") == "note \x85"
+    assert check_prompt("\x1c") == "\x1c"

@@ -101,6 +101,21 @@ def is_safe_positive(value: object) -> bool:
     return type(value) is int and 1 <= value <= MAX_AFTER_SECONDS
 
 
+#: what JavaScript's String.prototype.trim removes (WhiteSpace and
+#: LineTerminator: the Zs spaces, TAB VT FF, U+FEFF, LF CR U+2028 U+2029).
+#: "Trimmed" is the seed runtime's (TypeScript) trim: Python's str.strip also
+#: removes U+001C..U+001F and U+0085 and keeps U+FEFF, so records written by
+#: either would be refused by the other's decoder.
+JS_WHITESPACE = (
+    "\t\n\v\f\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def js_trim(text: str) -> str:
+    return text.strip(JS_WHITESPACE)
+
+
 def is_unicode(text: str) -> bool:
     """False for a str holding a lone surrogate: JSON's `\\ud800` escape decodes
     to one, and it can be neither encoded as UTF-8 nor sent as a proto string."""
@@ -177,7 +192,7 @@ def decode(envelope: dict[str, object]) -> Change:
     if record["kind"] != "after":
         raise RecordError(f"unsupported rule kind {_excerpt(record['kind'])} (only 'after')")
     prompt = record["prompt"]
-    if not isinstance(prompt, str) or not prompt or prompt != prompt.strip():
+    if not isinstance(prompt, str) or not prompt or prompt != js_trim(prompt):
         raise RecordError("prompt must be a non-empty trimmed string")
     if not is_unicode(prompt):
         raise RecordError("prompt holds a lone surrogate (a \\uD800-\\uDFFF escape): not Unicode text")

@@ -45,6 +45,7 @@ from .records import (
     format_id,
     id_number,
     is_safe_positive,
+    js_trim,
 )
 
 _ATTEMPTS = 16  # re-folds after the holder's own commits moved the head
@@ -67,7 +68,7 @@ def invalid(message: str, field_name: str, metadata: dict[str, object] | None = 
 
 
 def check_prompt(prompt: str) -> str:
-    trimmed = prompt.strip()
+    trimmed = js_trim(prompt)
     if not trimmed:
         raise invalid("prompt must not be empty (after trimming whitespace)", "prompt")
     return trimmed
