@@ -219,11 +219,11 @@ def test_trimmed_means_what_javascript_trim_means() -> None:
     """The seed's runtime (TypeScript) trims with String.prototype.trim: it
     keeps U+001C..U+001F and U+0085 (Python's str.strip removes them) and
     removes U+FEFF (str.strip keeps it). A create it wrote with a prompt
-    ending in U+0085 decodes; one starting with U+FEFF is not trimmed."""
-    f = fold(as_log([create(1, prompt="\x1fnote\x85")]))
-    assert [r.prompt for r in f.reminders()] == ["\x1fnote\x85"] and f.rejected == ()
-    f = fold(as_log([create(1, prompt="\ufeffnote")]))
-    assert f.active == {} and len(f.rejected) == 1
+    ending in U+0085 decodes; so does one this server wrote before, trimmed
+    by str.strip (a leading U+FEFF); an untrimmed one does not."""
+    f = fold(as_log([create(1, prompt="\x1fnote\x85"), create(2, prompt="\ufeffnote"), create(3, prompt=" note")]))
+    assert [r.prompt for r in f.reminders()] == ["\x1fnote\x85", "\ufeffnote"]
+    assert [r.seq for r in f.rejected] == [3]
 
 
 def test_create_trims_as_javascript_does() -> None:

@@ -192,7 +192,9 @@ def decode(envelope: dict[str, object]) -> Change:
     if record["kind"] != "after":
         raise RecordError(f"unsupported rule kind {_excerpt(record['kind'])} (only 'after')")
     prompt = record["prompt"]
-    if not isinstance(prompt, str) or not prompt or prompt != js_trim(prompt):
+    # Trimmed the seed runtime's way, or the way this server trimmed before
+    # (str.strip: its records hold prompts such as "\ufeffx" that must stay active).
+    if not isinstance(prompt, str) or not prompt or prompt != js_trim(prompt) and prompt != prompt.strip():
         raise RecordError("prompt must be a non-empty trimmed string")
     if not is_unicode(prompt):
         raise RecordError("prompt holds a lone surrogate (a \\uD800-\\uDFFF escape): not Unicode text")
