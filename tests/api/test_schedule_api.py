@@ -287,3 +287,44 @@ async def test_a_prompt_over_the_record_limit_is_refused_naming_the_prompt(stora
         assert list(exc.value.field_violations) == ["prompt"]
         assert exc.value.metadata["limit"] == str(256 * 1024)
         assert (await c.get_session(sid)).seq == 0
+
+
+class StepBackClock(FakeClock):
+    """Moves back an hour right after the first read at or past `target`."""
+
+    def __init__(self, now: float, target: float) -> None:
+        super().__init__(now)
+        self.target = target
+
+    def __call__(self) -> float:
+        value = super().__call__()
+        if value >= self.target:
+            self.now = self.target - 3600
+        return value
+
+
+async def test_watch_due_pushes_a_reminder_as_overdue_even_if_the_clock_moves_back(storage: Storage) -> None:
+    """WatchDue pushes a reminder because the clock read at that wake made it
+    due; the pushed record says overdue even when the clock steps back before
+    the response is built (it was due: the push is the proof)."""
+    clock = StepBackClock(1_700_000_000.0, target=float("inf"))
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "step-back")
+        made = await c.create_reminder(sid, gen, "soon", after_seconds=30)
+        seen: list[fencepost.Reminder] = []
+
+        async def watch() -> None:
+            async for r in c.watch_due(sid, gen):
+                seen.append(r)
+
+        task = asyncio.create_task(watch())
+        try:
+            await clock.read_more(3)
+            clock.target = made.scheduled_at
+            clock.now = made.scheduled_at  # the next wake sees the target reached, then the clock steps back
+            while not seen:
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+        assert [(r.id, r.status) for r in seen] == [("rem_1", "overdue")]
