@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta, timezone
 
+import grpc
 import pytest
+from google.protobuf import struct_pb2, timestamp_pb2
 
 import fencepost
 from fencepost import errors
+from fencepost.v1 import evals_pb2, evals_pb2_grpc
 from fencepost_server.storage import Storage
 from fencepost_server.storage.counting import CountingStorage
-from tests.conftest import running
+from tests.conftest import RunningServer, running
 
 AGENT = "support-bot"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -83,3 +86,41 @@ async def test_put_ab_sample_costs_one_backend_write_over_the_wire(storage: Stor
         counting.reset()
         await client.put_ab_sample(AGENT, "exp", "s1", {"turn": 1}, at=T0)
         assert dict(counting.calls) == {"put": 1}
+
+
+def _struct_in_order(obj: dict[str, object]) -> bytes:
+    """A Struct's wire bytes with its map entries in the order of `obj`.
+    Map order on the wire means nothing (Go randomizes it; Python's upb
+    orders it by a per-process hash seed): concatenated one-entry Structs
+    are one Struct holding every entry."""
+    out = b""
+    for k, v in obj.items():
+        one = struct_pb2.Struct()
+        one.update({k: v})
+        out += one.SerializeToString()
+    return out
+
+
+async def test_a_retry_whose_struct_entries_arrive_in_another_order_is_the_same_request(
+    server: RunningServer,
+) -> None:
+    """AIP-155: a retry of PutEvalRun / PutAbSample / PutAbSnapshot from a
+    restarted client (or a Go one) carries the same JSON object with its map
+    entries in another wire order; it is the same request, not REQUEST_ID_REUSED."""
+    snapshot = {f"k{i:02d}": i for i in range(40)}
+    orders = [snapshot, dict(reversed(list(snapshot.items())))]
+    at = timestamp_pb2.Timestamp(seconds=1_700_000_000)
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        stub = evals_pb2_grpc.EvalServiceStub(channel)
+        times = []
+        for obj in orders:
+            struct = struct_pb2.Struct.FromString(_struct_in_order(obj))
+            run = await stub.PutEvalRun(evals_pb2.PutEvalRunRequest(
+                agent=AGENT, run_id="r", snapshot=struct, request_id="req-run"))
+            times.append(run.run.update_time)
+            snap = await stub.PutAbSnapshot(evals_pb2.PutAbSnapshotRequest(
+                agent=AGENT, snapshot=struct, request_id="req-snap"))
+            times.append(snap.update_time)
+            await stub.PutAbSample(evals_pb2.PutAbSampleRequest(
+                agent=AGENT, experiment="e", session_id="s", at=at, sample=struct, request_id="req-sample"))
+        assert times[0] == times[2] and times[1] == times[3]  # the retries replayed the first attempts

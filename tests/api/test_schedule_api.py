@@ -236,3 +236,95 @@ async def test_used_up_reminder_ids_refuse_a_create_instead_of_losing_it(storage
         assert (await c.get_session(sid)).seq == 1  # nothing was written
         page = await c.list_reminders_page(sid)
         assert list(page.reminders) == [] and len(page.rejected) == 1
+
+
+async def test_a_target_in_the_last_second_of_9999_is_answered_exactly(storage: Storage) -> None:
+    """scheduled_at may be any millisecond up to 9999-12-31T23:59:59.999Z (a
+    Timestamp holds it): the answer carries the stored target, not one cut
+    back to the whole second (which reads as earlier than the real target)."""
+    clock = FakeClock(1_700_000_000.5)
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "last-second")
+        after = (253_402_300_799_500 - 1_700_000_000_500) // 1000
+        made = await c.create_reminder(sid, gen, "at the very end", after_seconds=after)
+        assert made.scheduled_at == 253_402_300_799.5
+        [listed] = [r async for r in c.list_reminders(sid)]
+        assert listed.scheduled_at == 253_402_300_799.5
+
+
+async def test_many_large_rejected_records_do_not_break_the_listing(storage: Storage) -> None:
+    """Refused records are reported, but a log full of large ones (another
+    writer's: each names a 200 KB id) must not make every ListReminders /
+    DueReminders answer larger than a message (RESOURCE_EXHAUSTED forever):
+    each reason quotes a bounded excerpt and at most the first 100 are listed."""
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=30) as c:
+        sid, gen = await _held(c, "rejects")
+        await c.create_reminder(sid, gen, "still here", after_seconds=1)
+        huge = b'{"record":{"v":1,"type":"delete","id":"' + b"x" * 200_000 + b'"},"stream":"schedule/change"}'
+        small = b'{"record":{"v":1,"type":"dispatch","id":"rem_7"},"stream":"schedule/change"}'
+        seq = 1
+        for _ in range(12):  # 48 records of 200 KB: ~9.6 MB of bad ids
+            seq = (await c.commit(sid, gen, seq, [huge] * 4)).seq
+        seq = (await c.commit(sid, gen, seq, [small] * 64)).seq
+        seq = (await c.commit(sid, gen, seq, [small] * 64)).seq
+        clock.now += 2  # the reminder is due
+        for page in (await c.list_reminders_page(sid), await c.list_reminders_page(sid, due=True)):
+            assert [r.prompt for r in page.reminders] == ["still here"]
+            assert len(page.rejected) == 100
+            assert [x.seq for x in page.rejected] == list(range(2, 102))  # the first ones, in log order
+            assert all(len(x.reason) <= 300 for x in page.rejected)
+
+
+async def test_a_prompt_over_the_record_limit_is_refused_naming_the_prompt(storage: Storage) -> None:
+    """RECORD_TOO_LARGE names the request's `prompt` (what the caller can fix),
+    not `records`, a field CreateReminderRequest does not have: a 60 KB
+    prompt of control characters is a 360 KB record once JSON-escaped."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "big")
+        with pytest.raises(errors.RecordTooLarge) as exc:
+            await c.create_reminder(sid, gen, "a" + "\x01" * 60_000 + "z", after_seconds=5)
+        assert list(exc.value.field_violations) == ["prompt"]
+        assert exc.value.metadata["limit"] == str(256 * 1024)
+        assert (await c.get_session(sid)).seq == 0
+
+
+class StepBackClock(FakeClock):
+    """Moves back an hour right after the first read at or past `target`."""
+
+    def __init__(self, now: float, target: float) -> None:
+        super().__init__(now)
+        self.target = target
+
+    def __call__(self) -> float:
+        value = super().__call__()
+        if value >= self.target:
+            self.now = self.target - 3600
+        return value
+
+
+async def test_watch_due_pushes_a_reminder_as_overdue_even_if_the_clock_moves_back(storage: Storage) -> None:
+    """WatchDue pushes a reminder because the clock read at that wake made it
+    due; the pushed record says overdue even when the clock steps back before
+    the response is built (it was due: the push is the proof)."""
+    clock = StepBackClock(1_700_000_000.0, target=float("inf"))
+    async with running(storage, schedule_clock=clock, schedule_watch_seconds=0.05) as srv, \
+            srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "step-back")
+        made = await c.create_reminder(sid, gen, "soon", after_seconds=30)
+        seen: list[fencepost.Reminder] = []
+
+        async def watch() -> None:
+            async for r in c.watch_due(sid, gen):
+                seen.append(r)
+
+        task = asyncio.create_task(watch())
+        try:
+            await clock.read_more(3)
+            clock.target = made.scheduled_at
+            clock.now = made.scheduled_at  # the next wake sees the target reached, then the clock steps back
+            while not seen:
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+        assert [(r.id, r.status) for r in seen] == [("rem_1", "overdue")]

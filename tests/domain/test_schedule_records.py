@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencepost_server.domain.schedule import Create, Delete, Dispatch, RecordError, decode, encode, fold
-from fencepost_server.domain.schedule.records import MAX_AFTER_SECONDS, Fold
+from fencepost_server.domain.schedule.records import MAX_AFTER_SECONDS, Fold, js_trim
 
 FAST = settings(max_examples=60, deadline=None)
 
-prompts = st.text(min_size=1, max_size=20).map(str.strip).filter(bool)
+prompts = st.text(min_size=1, max_size=20).map(js_trim).filter(bool)
 afters = st.integers(1, MAX_AFTER_SECONDS)
 
 
@@ -198,3 +198,36 @@ def test_ids_are_never_reused_after_delete(steps: list[tuple[bool, int]]) -> Non
             victim = sorted(f.active)[pick % len(f.active)]
             log.append(encode(Delete(victim)))
     assert fold(as_log(log)).rejected == ()
+
+
+@pytest.mark.parametrize("tag", [rb"schedule\/change", rb"\u0073chedule/change", rb"schedule\u002Fchange"])
+def test_a_record_tagged_with_json_escapes_is_ours(tag: bytes) -> None:
+    """A record is ours when it *parses* as an object whose stream is
+    "schedule/change": a writer whose JSON escapes `/` (PHP's json_encode
+    does by default) or any letter writes the same record. Skipped by a
+    byte search for the plain tag, its dispatch was silently lost (the
+    reminder stayed due) and a bad one was never reported."""
+    dispatch = b'{"record":{"v":1,"type":"dispatch","id":"rem_1"},"stream":"' + tag + b'"}'
+    f = fold(as_log([create(1), dispatch]))
+    assert f.active == {} and f.rejected == ()
+    bad = b'{"record":{"v":2,"type":"dispatch","id":"rem_1"},"stream":"' + tag + b'"}'
+    f = fold(as_log([create(1), bad]))
+    assert list(f.active) == ["rem_1"] and [r.seq for r in f.rejected] == [2]
+
+
+def test_trimmed_means_what_javascript_trim_means() -> None:
+    """The seed's runtime (TypeScript) trims with String.prototype.trim: it
+    keeps U+001C..U+001F and U+0085 (Python's str.strip removes them) and
+    removes U+FEFF (str.strip keeps it). A create it wrote with a prompt
+    ending in U+0085 decodes; so does one this server wrote before, trimmed
+    by str.strip (a leading U+FEFF); an untrimmed one does not."""
+    f = fold(as_log([create(1, prompt="\x1fnote\x85"), create(2, prompt="\ufeffnote"), create(3, prompt=" note")]))
+    assert [r.prompt for r in f.reminders()] == ["\x1fnote\x85", "\ufeffnote"]
+    assert [r.seq for r in f.rejected] == [3]
+
+
+def test_create_trims_as_javascript_does() -> None:
+    from fencepost_server.domain.schedule.service import check_prompt
+
+    assert check_prompt("\ufeff\u3000 note \x85\ufeff") == "note \x85"
+    assert check_prompt("\x1c") == "\x1c"

@@ -11,9 +11,12 @@ from fencepost.v1 import schedule_pb2 as pb
 from fencepost.v1 import schedule_pb2_grpc
 
 from ..domain.schedule import Listing, Reminder, Schedule
+from ..domain.schedule.records import MAX_SCHEDULED_AT_MS
 from .base import Authenticator, RpcObserver, ServicerBase, caller, server_stream, unary
 
-_MAX_TS_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last instant a Timestamp holds
+# 9999-12-31T23:59:59.999Z: the last millisecond a Timestamp holds (its nanos
+# go up to .999999999), so every target a record may hold is answered exactly
+_MAX_TS_MS = MAX_SCHEDULED_AT_MS
 
 
 def _ts(ms: int) -> timestamp_pb2.Timestamp:
@@ -94,4 +97,6 @@ class ScheduleServicer(ServicerBase, schedule_pb2_grpc.ScheduleServiceServicer):
         self, request: pb.WatchDueRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchDueResponse]:
         async for r in self.schedule.watch_due(caller().tenant, request.session_id, request.generation):
-            yield pb.WatchDueResponse(reminder=_reminder(r, self.schedule.now_ms()))
+            # pushed because the clock read at that wake made it due: overdue,
+            # whatever a clock read now (it may have stepped back) would say
+            yield pb.WatchDueResponse(reminder=_reminder(r, r.scheduled_at_ms))

@@ -106,8 +106,10 @@ def _segment(value: str, field: str) -> str:
         raise InvalidArgument(reasons.FIELD_INVALID, f"{field} is not valid UTF-8", field=field) from None
 
 
-def _dump(record: Mapping[str, Any]) -> bytes:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+def _dump(record: Mapping[str, Any], sort_keys: bool = False) -> bytes:
+    return json.dumps(
+        record, separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=sort_keys
+    ).encode()
 
 
 class EvalStore:
@@ -186,8 +188,11 @@ class EvalStore:
         if not request_id:
             await self.storage.put(key, value)
             return None
-        # The fingerprint leaves out server-stamped times, so a retry matches.
-        fp = _fingerprint("put", key, hashlib.sha256(_dump(body)).digest())
+        # The fingerprint leaves out server-stamped times, so a retry matches,
+        # and hashes the JSON with sorted keys: a Struct is a map, whose entries
+        # a retry may carry in another wire order (Go randomizes it, Python's
+        # upb follows a per-process hash seed) and the parsed dict keeps it.
+        fp = _fingerprint("put", key, hashlib.sha256(_dump(body, sort_keys=True)).digest())
         result = await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)], note=str(stamped_ns))
         if not result.replayed:
             return None
@@ -269,12 +274,16 @@ class EvalStore:
         newest_first = sorted(rows, key=lambda r: (-updated[r.key], r.key))
         doomed = newest_first[window:]
         pruned = 0
+        spared: dict[str, Item | None] = {}
         for row in doomed:
             # Conditioned on the version read: a run upserted meanwhile survives.
             if (await self.storage.delete_if_version(row.key, row.version)).applied:
                 pruned += 1
+            else:  # still stored (the listing returns every stored run): as it is now
+                spared[row.key] = await self.storage.get(row.key)
         gone = {r.key for r in doomed}
-        return [r for r in rows if r.key not in gone], pruned
+        kept = [spared.get(r.key) if r.key in gone else r for r in rows]
+        return [r for r in kept if r is not None], pruned
 
     # -- A/B samples -------------------------------------------------------------
     async def put_sample(

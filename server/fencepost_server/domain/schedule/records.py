@@ -17,7 +17,8 @@ object tagged `"stream": "schedule/change"`) are not ours: the fold skips
 them. A record that *is* tagged but does not decode strictly (unknown
 version, unknown / missing / extra field, wrong type, a reused id, a delete
 or dispatch of an id that is not active) is **rejected**: it changes nothing
-and is reported (`Fold.rejected`), never silently dropped.
+and is reported (`Fold.rejected`: the first MAX_REJECTED, each reason quoting
+a bounded excerpt), never silently dropped.
 
 Nothing here does I/O or reads a clock: `Fold` is a pure function of the
 (seq, bytes) records it is given.
@@ -45,6 +46,20 @@ _KEYS = {
     "dispatch": frozenset({"v", "type", "id"}),
 }
 _TAG = STREAM.encode()
+
+
+#: the refused records a fold keeps (and a listing reports): the first ones, in
+#: log order. A log may hold any number of them, each up to a record's size:
+#: reported whole, they would outgrow every response (RESOURCE_EXHAUSTED on
+#: each read: the session's reminders disabled by another writer's records).
+MAX_REJECTED = 100
+_EXCERPT_CHARS = 64  # how much of a refused value a reason quotes
+
+
+def _excerpt(value: object) -> str:
+    """repr(value), cut to a bounded excerpt (a refused id may be 256 KiB)."""
+    text = repr(value)
+    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}... ({len(text)} chars)"
 
 
 class RecordError(ValueError):
@@ -86,6 +101,21 @@ def is_safe_positive(value: object) -> bool:
     return type(value) is int and 1 <= value <= MAX_AFTER_SECONDS
 
 
+#: what JavaScript's String.prototype.trim removes (WhiteSpace and
+#: LineTerminator: the Zs spaces, TAB VT FF, U+FEFF, LF CR U+2028 U+2029).
+#: "Trimmed" is the seed runtime's (TypeScript) trim: Python's str.strip also
+#: removes U+001C..U+001F and U+0085 and keeps U+FEFF, so records written by
+#: either would be refused by the other's decoder.
+JS_WHITESPACE = (
+    "\t\n\v\f\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def js_trim(text: str) -> str:
+    return text.strip(JS_WHITESPACE)
+
+
 def is_unicode(text: str) -> bool:
     """False for a str holding a lone surrogate: JSON's `\\ud800` escape decodes
     to one, and it can be neither encoded as UTF-8 nor sent as a proto string."""
@@ -115,7 +145,11 @@ def encode(change: Change) -> bytes:
 # -- the strict decoder -------------------------------------------------------------
 def is_schedule_record(data: bytes) -> dict[str, object] | None:
     """The parsed envelope when `data` is tagged as ours, else None (skip it)."""
-    if _TAG not in data:  # fast path: most records are the runtime's own
+    # Fast path: most records are the runtime's own. Only the plain tag or a
+    # JSON escape (`\/`, `\uXXXX`: the same string, as PHP's encoder and
+    # ASCII-only ones write it) can spell "schedule/change"; a record with
+    # neither is not ours, one with an escape is parsed to know.
+    if _TAG not in data and b"\\/" not in data and b"\\u" not in data:
         return None
     try:
         obj = json.loads(data)
@@ -133,41 +167,43 @@ def decode(envelope: dict[str, object]) -> Change:
     version-1 create / delete / dispatch. (Transitions are checked by the fold.)"""
     extra = set(envelope) - _ENVELOPE_KEYS
     if extra:
-        raise RecordError(f"unknown envelope field(s) {sorted(extra)}")
+        raise RecordError(f"unknown envelope field(s) {_excerpt(sorted(extra))}")
     record = envelope.get("record")
     if not isinstance(record, dict):
         raise RecordError("the envelope has no `record` object")
     v = record.get("v")
     if type(v) is not int or v != VERSION:
-        raise RecordError(f"unsupported version {v!r} (only {VERSION} is understood)")
+        raise RecordError(f"unsupported version {_excerpt(v)} (only {VERSION} is understood)")
     kind = record.get("type")
     if not isinstance(kind, str) or kind not in _KEYS:
-        raise RecordError(f"unknown record type {kind!r}")
+        raise RecordError(f"unknown record type {_excerpt(kind)}")
     keys = set(record)
     if keys != _KEYS[kind]:
         missing, extra = sorted(_KEYS[kind] - keys), sorted(keys - _KEYS[kind])
-        raise RecordError(f"{kind} record fields: missing {missing}, unknown {extra}")
+        raise RecordError(f"{kind} record fields: missing {missing}, unknown {_excerpt(extra)}")
     rid = record["id"]
     if id_number(rid) is None:  # type: ignore[arg-type]
-        raise RecordError(f"malformed reminder id {rid!r}")
+        raise RecordError(f"malformed reminder id {_excerpt(rid)}")
     assert isinstance(rid, str)
     if kind == "delete":
         return Delete(rid)
     if kind == "dispatch":
         return Dispatch(rid)
     if record["kind"] != "after":
-        raise RecordError(f"unsupported rule kind {record['kind']!r} (only 'after')")
+        raise RecordError(f"unsupported rule kind {_excerpt(record['kind'])} (only 'after')")
     prompt = record["prompt"]
-    if not isinstance(prompt, str) or not prompt or prompt != prompt.strip():
+    # Trimmed the seed runtime's way, or the way this server trimmed before
+    # (str.strip: its records hold prompts such as "\ufeffx" that must stay active).
+    if not isinstance(prompt, str) or not prompt or prompt != js_trim(prompt) and prompt != prompt.strip():
         raise RecordError("prompt must be a non-empty trimmed string")
     if not is_unicode(prompt):
         raise RecordError("prompt holds a lone surrogate (a \\uD800-\\uDFFF escape): not Unicode text")
     after = record["after_seconds"]
     if not is_safe_positive(after):
-        raise RecordError(f"after_seconds {after!r} is not a positive safe integer")
+        raise RecordError(f"after_seconds {_excerpt(after)} is not a positive safe integer")
     at = record["scheduled_at"]
     if type(at) is not int or not 0 <= at <= MAX_SCHEDULED_AT_MS:
-        raise RecordError(f"scheduled_at {at!r} is not an instant in 1970..9999 (unix ms)")
+        raise RecordError(f"scheduled_at {_excerpt(at)} is not an instant in 1970..9999 (unix ms)")
     assert isinstance(after, int)
     return Create(rid, prompt, after, at)
 
@@ -247,7 +283,7 @@ class Fold:
                 else:
                     del active[change.id]
             except RecordError as exc:
-                if not inherited:
+                if not inherited and len(rejected) < MAX_REJECTED:
                     rejected.append(Rejected(seq, str(exc)))
         return replace(
             self, seq=max(seq, self.seq), active=active, used=frozenset(used), max_id=max_id,

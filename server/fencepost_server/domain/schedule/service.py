@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from fencepost import reasons
 
-from ..errors import Aborted, FailedPrecondition, InvalidArgument
+from ..errors import Aborted, FailedPrecondition, InvalidArgument, limit_error
 from ..ledger import Ledger
 from ..ledger.layout import gen_value, parse_seq, session_not_found
 from ..paging import ENTRY_OVERHEAD, fits, page_size
@@ -45,6 +45,7 @@ from .records import (
     format_id,
     id_number,
     is_safe_positive,
+    js_trim,
 )
 
 _ATTEMPTS = 16  # re-folds after the holder's own commits moved the head
@@ -67,7 +68,7 @@ def invalid(message: str, field_name: str, metadata: dict[str, object] | None = 
 
 
 def check_prompt(prompt: str) -> str:
-    trimmed = prompt.strip()
+    trimmed = js_trim(prompt)
     if not trimmed:
         raise invalid("prompt must not be empty (after trimming whitespace)", "prompt")
     return trimmed
@@ -231,7 +232,14 @@ class Schedule:
                     "no reminder can be created in this session",
                     {"last_id": last},
                 )
-            return Create(reminder_id, text, after, scheduled)
+            change = Create(reminder_id, text, after, scheduled)
+            # Checked here so the refusal names the request's field: the
+            # ledger's own check names `records`, which this request has not
+            # (a prompt grows once JSON-escaped: a control character is 6 bytes).
+            size, limit = len(encode(change)), self.ledger.limits.max_value_bytes
+            if size > limit:
+                raise limit_error(reasons.RECORD_TOO_LARGE, "the prompt's log record", limit, size, field="prompt")
+            return change
 
         _, change, seq = await self._write(tenant, sid, generation, decide)
         assert isinstance(change, Create)
