@@ -276,6 +276,26 @@ async def test_request_id_makes_a_retry_report_the_first_outcome(storage: Storag
     assert exc.value.reason == reasons.REQUEST_ID_REUSED
 
 
+async def test_a_retry_across_the_upgrade_to_sorted_fingerprints_still_replays(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first attempt served by a build that hashed the snapshot in wire
+    order (its marker holds that fingerprint) replays on this build."""
+    import fencepost_server.domain.evals as evals_module
+
+    evals = store(storage)
+    snapshot = {"b": 1, "a": 2}  # not in sorted order
+    dump = evals_module._dump
+    monkeypatch.setattr(evals_module, "_dump", lambda record, sort_keys=False: dump(record))
+    first = await evals.put_run(T, A, "r", snapshot, request_id="req-up")
+    monkeypatch.setattr(evals_module, "_dump", dump)
+    retry = await evals.put_run(T, A, "r", snapshot, request_id="req-up")
+    assert retry.updated_ns == first.updated_ns
+    with pytest.raises(InvalidArgument) as exc:
+        await evals.put_run(T, A, "r", {"b": 1, "a": 3}, request_id="req-up")
+    assert exc.value.reason == reasons.REQUEST_ID_REUSED
+
+
 async def test_a_retry_reports_the_first_outcome_after_another_write(storage: Storage) -> None:
     """AIP-155: a retry answers what the first attempt did, even when another
     writer has since replaced the run or the snapshot (nothing is written again)."""

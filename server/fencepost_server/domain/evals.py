@@ -193,7 +193,11 @@ class EvalStore:
         # a retry may carry in another wire order (Go randomizes it, Python's
         # upb follows a per-process hash seed) and the parsed dict keeps it.
         fp = _fingerprint("put", key, hashlib.sha256(_dump(body, sort_keys=True)).digest())
-        result = await self.requests.transact(tenant, request_id, fp, [], [Put(key, value)], note=str(stamped_ns))
+        # a first attempt served by an earlier build recorded the wire order's hash
+        legacy = _fingerprint("put", key, hashlib.sha256(_dump(body)).digest())
+        result = await self.requests.transact(
+            tenant, request_id, fp, [], [Put(key, value)], note=str(stamped_ns), also=(legacy,)
+        )
         if not result.replayed:
             return None
         try:

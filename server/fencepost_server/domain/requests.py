@@ -89,6 +89,7 @@ class RequestLog:
         note: str = "",
         *,
         item: str | None = None,
+        also: Sequence[bytes] = (),
     ) -> TxnResult:
         """Run the transaction once per request id. A retry of an applied
         request returns the first outcome (`replayed = True`, the versions the
@@ -99,7 +100,9 @@ class RequestLog:
 
         `item`: the key every attempt of this request writes (a single-key
         write); the backend may then keep the marker with that item instead
-        of as an item of its own (see `Marker`)."""
+        of as an item of its own (see `Marker`). `also`: other fingerprints a
+        first attempt of the same request may have recorded (an earlier
+        build's form of it), matched as the same request on a replay."""
         if not request_id:
             return await self.storage.transact(checks, writes)
         if len(request_id) > 128:
@@ -121,7 +124,7 @@ class RequestLog:
             return TxnResult(False, failed=result.failed, found=result.found)
         # rpartition: the JSON never holds a raw newline, a binary fingerprint may
         first_fp, _, first = result.marker.rpartition(_SEP)
-        if first_fp != fingerprint:
+        if first_fp != fingerprint and first_fp not in also:
             raise InvalidArgument(
                 reasons.REQUEST_ID_REUSED,
                 "request_id was already used for a different request",
