@@ -591,14 +591,7 @@ async def test_a_txn_op_that_sets_no_write_is_refused(storage: Storage) -> None:
         (kv_pb2.TxnRequest(success_ops=[put], failure_ops=[put, kv_pb2.TxnOp()]), "failure_ops[1]"),
         (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp()] * 100_000), "success_ops[0]"),
     ]
-    async with running(storage) as srv:
-        before = await snapshot(storage)
-        for msg, field in cases:
-            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
-            assert refusal is not None, field
-            assert (refusal.code, refusal.info.reason, refusal.fields) == (
-                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
-        assert await snapshot(storage) == before
+    await assert_txns_refused(storage, [(msg, reasons.FIELD_INVALID, field) for msg, field in cases])
 
 
 async def test_txn_op_refusals_name_the_field_as_the_request_spells_it(storage: Storage) -> None:
@@ -616,14 +609,7 @@ async def test_txn_op_refusals_name_the_field_as_the_request_spells_it(storage: 
         (kv_pb2.TxnRequest(success_ops=[kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v" * (256 * 1024 + 1)))]),
          reasons.VALUE_TOO_LARGE, "success_ops[0].put.value"),
     ]
-    async with running(storage) as srv:
-        before = await snapshot(storage)
-        for msg, reason, field in cases:
-            _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
-            assert refusal is not None, field
-            assert (refusal.code, refusal.info.reason, refusal.fields) == (
-                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), field
-        assert await snapshot(storage) == before
+    await assert_txns_refused(storage, cases)
 
 
 async def test_a_txn_compare_that_sets_no_target_is_refused(storage: Storage) -> None:
@@ -642,11 +628,16 @@ async def test_a_txn_compare_that_sets_no_target_is_refused(storage: Storage) ->
         (request, "compares[1]"),
         (kv_pb2.TxnRequest(compares=[kv_pb2.Compare(key="k")]), "compares[0]"),
     ]
+    await assert_txns_refused(storage, [(msg, reasons.FIELD_INVALID, field) for msg, field in cases])
+
+
+async def assert_txns_refused(storage: Storage, cases: list[tuple[kv_pb2.TxnRequest, str, str]]) -> None:
+    """Each Txn is INVALID_ARGUMENT with (reason, the one field named), and nothing is written."""
     async with running(storage) as srv:
         before = await snapshot(storage)
-        for msg, field in cases:
+        for msg, reason, field in cases:
             _, refusal = await raw_call(srv, "/fencepost.v1.KvService/Txn", msg.SerializeToString())
             assert refusal is not None, field
             assert (refusal.code, refusal.info.reason, refusal.fields) == (
-                grpc.StatusCode.INVALID_ARGUMENT, reasons.FIELD_INVALID, [field]), field
+                grpc.StatusCode.INVALID_ARGUMENT, reason, [field]), field
         assert await snapshot(storage) == before
