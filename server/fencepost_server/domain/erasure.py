@@ -49,7 +49,7 @@ from fencepost.keys import encode_segment
 
 from ..storage import Item, Storage
 from .errors import InvalidArgument, NotFound
-from .keys import GLOBAL_PREFIX, MAX_ERASABLE_AGENT_BYTES, TenantKeys
+from .keys import GLOBAL_PREFIX, TenantKeys, check_erasable_agent
 from .ledger import Ledger
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
 from .throttled_log import ThrottledWarning
@@ -65,8 +65,6 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
-#: the longest agent name EraseAgent takes: its operation record keeps the name
-MAX_AGENT_BYTES = MAX_ERASABLE_AGENT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +130,10 @@ class Eraser:
     async def start(self, tenant: str, agent: str | None, request_id: str = "") -> OperationView:
         """Record a new operation (or return the one this request_id started)."""
         # any name a service stores data under can be erased: the journal and
-        # memory take names holding NUL, so NUL is no reason to refuse one
-        if agent is not None and not agent:
-            raise InvalidArgument(reasons.AGENT_NAME_INVALID, "agent must be non-empty", field="agent")
-        if agent is not None and len(agent.encode()) > MAX_AGENT_BYTES:
-            # the operation's record keeps the name, and must fit one DynamoDB item
-            raise InvalidArgument(reasons.AGENT_NAME_INVALID,
-                                  f"agent is {len(agent.encode())} bytes, over the limit of {MAX_AGENT_BYTES}",
-                                  {"limit": MAX_AGENT_BYTES, "size": len(agent.encode())}, field="agent")
+        # memory take names holding NUL, so NUL is no reason to refuse one; the
+        # operation's record keeps the name, and must fit one DynamoDB item
+        if agent is not None:
+            check_erasable_agent(agent, reasons.AGENT_NAME_INVALID, "agent")
         if len(request_id) > 128:
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")

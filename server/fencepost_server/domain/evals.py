@@ -33,7 +33,7 @@ from fencepost.keys import encode_segment
 
 from ..storage import Delete, Expect, Item, Put, Storage
 from .errors import InvalidArgument, NotFound, limit_error
-from .keys import MAX_ERASABLE_AGENT_BYTES, TenantKeys, erasable_agent_problem
+from .keys import TenantKeys, check_erasable_agent
 from .kv import _fingerprint
 from .limits import Limits
 from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
@@ -138,11 +138,8 @@ class EvalStore:
             raise InvalidArgument(
                 reasons.AGENT_NAME_INVALID, "agent must be non-empty and contain no NUL", field="agent"
             )
-        problem = erasable_agent_problem(agent)
-        if problem is not None:  # else EraseAgent could not name it: its runs never erased agent-wide
-            size = len(agent.encode("utf-8", "surrogatepass"))
-            raise InvalidArgument(reasons.AGENT_NAME_INVALID, f"agent {problem}",
-                                  {"limit": MAX_ERASABLE_AGENT_BYTES, "size": size}, field="agent")
+        # else EraseAgent could not name it: its runs never erased agent-wide
+        check_erasable_agent(agent, reasons.AGENT_NAME_INVALID, "agent")
         try:
             return TenantKeys(tenant).agent(agent)
         except UnicodeEncodeError:

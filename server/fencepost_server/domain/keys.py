@@ -15,6 +15,8 @@ import functools
 
 from fencepost.keys import encode_segment
 
+from .errors import InvalidArgument
+
 GLOBAL_PREFIX = "#/"
 
 #: the longest agent name AdminService.EraseAgent takes (its operation record
@@ -24,15 +26,15 @@ GLOBAL_PREFIX = "#/"
 MAX_ERASABLE_AGENT_BYTES = 65_536
 
 
-def erasable_agent_problem(agent: str) -> str | None:
-    """Why EraseAgent could not name `agent` (None when it can). Any character
-    is fine: every agent segment of a key is percent-encoded."""
-    if not agent:
-        return "must not be empty"
+def check_erasable_agent(agent: str, reason: str, field: str) -> None:
+    """`reason` on `field` (with `limit` and `size`) unless EraseAgent can name
+    `agent`. Any character is fine: every agent segment of a key is percent-encoded."""
     size = len(agent.encode("utf-8", "surrogatepass"))
-    if size > MAX_ERASABLE_AGENT_BYTES:
-        return f"is {size} bytes, over the limit of {MAX_ERASABLE_AGENT_BYTES}"
-    return None
+    if agent and size <= MAX_ERASABLE_AGENT_BYTES:
+        return
+    problem = f"is {size} bytes, over the limit of {MAX_ERASABLE_AGENT_BYTES}" if agent else "must not be empty"
+    raise InvalidArgument(reason, f"{field} {problem}", {"limit": MAX_ERASABLE_AGENT_BYTES, "size": size},
+                          field=field)
 
 
 class TenantKeys:

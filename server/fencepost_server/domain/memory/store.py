@@ -38,7 +38,7 @@ from fencepost.keys import encode_segment
 
 from ...storage import Expect, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
-from ..keys import TenantKeys, erasable_agent_problem
+from ..keys import TenantKeys, check_erasable_agent
 from ..limits import Limits
 from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
@@ -128,10 +128,7 @@ def _fingerprint(*parts: object) -> str:
 def check_agent(agent: str) -> None:
     # the names AdminService.EraseAgent takes, no more: memory kept under any
     # other name could never be erased agent-wide (spec/lifecycle.md)
-    problem = erasable_agent_problem(agent)
-    if problem is not None:
-        size = len(agent.encode("utf-8", "surrogatepass"))
-        raise InvalidArgument(reasons.FIELD_INVALID, f"agent_id {problem}", {"size": size}, field="agent_id")
+    check_erasable_agent(agent, reasons.FIELD_INVALID, "agent_id")
 
 
 class MemoryStore:
