@@ -27,18 +27,17 @@ def item_sizer(target: Storage) -> Callable[[Item], int] | None:
     a key the target cannot hold at all."""
     try:
         from ..storage.dynamodb import DynamoStorage
+        from ..storage.dynamodb.codec import attributes_bytes
         from ..storage.dynamodb.table import VALUE, VERSION
     except ImportError:  # installed without the DynamoDB extra: no DynamoDB target either
         return None
     if not isinstance(target, DynamoStorage):
         return None
     codec = target.codec
-    fixed = len(VALUE) + len(VERSION)
 
     def size(item: Item) -> int:
         _, key_attrs = codec.key_attributes(item.key)
-        keys = sum(len(name.encode()) + len(attr["S"].encode()) for name, attr in key_attrs.items())
-        return keys + fixed + len(item.value) + len(item.version.encode())
+        return attributes_bytes({**key_attrs, VALUE: {"B": item.value}, VERSION: {"S": item.version}})
 
     return size
 

@@ -61,16 +61,17 @@ def key_from(attrs: Attributes) -> str:
     return attrs[PARTITION_KEY]["S"][len(ITEM_PK_PREFIX):] + decode_rest(attrs[SORT_KEY]["S"])
 
 
+def attributes_bytes(attrs: Attributes) -> int:
+    """An item's size as DynamoDB counts it against its limits: every
+    attribute's name plus its value (UTF-8 for strings)."""
+    return sum(len(name) + (len(v["B"]) if "B" in v else len(v["S"].encode())) for name, v in attrs.items())
+
+
 def transaction_bytes(items: list[Attributes]) -> int:
     """TransactWriteItems entries' aggregate item size as DynamoDB counts it
-    against its 4 MB limit: attribute names plus values (keys of checks and
-    deletes too), so more than the storage contract's keys plus values."""
-    size = 0
-    for entry in items:
-        (body,) = entry.values()
-        for name, value in (body.get("Item") or body["Key"]).items():
-            size += len(name) + (len(value["B"]) if "B" in value else len(value["S"].encode()))
-    return size
+    against its 4 MB limit (keys of checks and deletes too), so more than the
+    storage contract's keys plus values."""
+    return sum(attributes_bytes(body.get("Item") or body["Key"]) for entry in items for body in entry.values())
 
 
 def directory_put(table: str, partition: str) -> Attributes:
