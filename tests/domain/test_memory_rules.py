@@ -250,6 +250,8 @@ def test_mint_skips_taken_ids() -> None:
     taken = {"mem-3", "mem-4"}
     assert rules.mint_id(3, taken.__contains__) == ("mem-5", 6)
     assert rules.minted_number("mem-12") == 12 and rules.minted_number("mem-x") is None
+    assert rules.minted_number("mem-" + "9" * 19) == 10**19 - 1
+    assert rules.minted_number("mem-" + "9" * 4001) is None  # longer than any id a mint reaches
 
 
 def test_search_limit_and_strategy() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from fencepost_server.domain.errors import InvalidArgument, NotFound
 from fencepost_server.domain.memory import Entry, MemoryStore, NewEntry
+from fencepost_server.domain.memory import rules
 from fencepost_server.storage import Storage
 
 T, A, B = "tenant", "agent-a", "agent-b"
@@ -383,6 +384,18 @@ async def test_a_pin_retried_with_its_request_id_reports_the_first_outcome(mem: 
     assert await lane_len(storage) == size
     assert await mem.forget(T, A, e.id)
     assert (await MemoryStore(storage).pin(T, A, e.id, request_id="pin-1")).pinned  # another replica agrees
+
+
+async def test_minting_past_the_largest_18_digit_id_keeps_counting(mem: MemoryStore, storage: Storage) -> None:
+    """An imported `mem-999999999999999999` puts the next minted id at 19
+    digits; those count as minted too, so a cold fold starts after them
+    instead of probing every id taken since."""
+    await mem.import_entries(T, A, [Entry("mem-999999999999999999", "top", 10)])
+    made = [(await mem.append(T, A, f"n{i}")).id for i in range(3)]
+    assert made == [f"mem-{10**18 + i}" for i in range(3)]
+    assert rules.minted_number(made[-1]) == 10**18 + 2
+    cold = MemoryStore(storage)
+    assert (await cold.append(T, A, "after")).id == f"mem-{10**18 + 3}"
 
 
 async def test_a_minted_id_is_never_one_an_imported_successor_names(mem: MemoryStore, storage: Storage) -> None:

@@ -376,12 +376,18 @@ def bound_in_order(ordered: Sequence[Entry], limit: int, max_bytes: int = READ_M
 
 # -- ids ------------------------------------------------------------------------------------
 MINT_PREFIX = "mem-"
-_MINTED = re.compile(r"mem-([0-9]{1,18})")
+_MINTED = re.compile(r"mem-([0-9]+)")
+# Any length a minted id can reach counts (an imported `mem-999999999999999999`
+# puts the next ones at 19 digits and they must count too); the bound only
+# keeps int() within CPython's digit limit for an id no mint could reach.
+_MINTED_MAX_DIGITS = 4000
 
 
 def minted_number(entry_id: str) -> int | None:
     m = _MINTED.fullmatch(entry_id)
-    return int(m.group(1)) if m else None
+    if m is None or len(m.group(1)) > _MINTED_MAX_DIGITS:
+        return None
+    return int(m.group(1))
 
 
 def mint_id(next_number: int, taken: Callable[[str], bool]) -> tuple[str, int]:
