@@ -8,6 +8,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
+# `make test` runs the suite in this many processes (pytest-xdist; 1 = one process).
+TEST_JOBS ?= 2
 
 .PHONY: run test check generate bench reliability setup clean docs
 
@@ -39,9 +41,10 @@ generate: setup
 check: setup
 	PY=$(PY) scripts/check.sh
 
-## The whole suite (contract on every backend, api, domain, short reliability).
+## The whole suite (contract on every backend, api, domain, short reliability),
+## in TEST_JOBS processes; each starts its own DynamoDB emulator and servers on free ports.
 test: check
-	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist worksteal $(ARGS)
 
 ## Benchmarks (never part of `make test`).
 bench: setup

@@ -1,6 +1,6 @@
 """The declared-reasons check, wired into every test session by conftest.py.
 
-At start-up the session points `FENCEPOST_RECORD_REASONS` at a fresh file,
+At start-up the session (the controller, under pytest-xdist) points `FENCEPOST_RECORD_REASONS` at a fresh file,
 so every server the tests start (in process, and `fencepost serve`
 subprocesses, which inherit the environment) records each
 (method, status code, ErrorInfo reason) it returns
@@ -23,8 +23,17 @@ from fencepost_server.api.recording import ENV
 _STATE: dict[str, object] = {}
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # not the environment: a nested pytest inherits that
+
+
 def start(config: pytest.Config) -> None:
-    """A fresh record file for this session (never one inherited from an outer session)."""
+    """A fresh record file for this session (never one inherited from an outer session).
+
+    Under pytest-xdist the controller makes the file and its workers, which
+    inherit the environment, append to it; the controller checks it at the end."""
+    if _xdist_worker(config) and os.environ.get(ENV):
+        return
     fd, path = tempfile.mkstemp(prefix="fencepost-reasons-", suffix=".tsv")
     os.close(fd)
     os.environ[ENV] = path

@@ -21,7 +21,10 @@ USAGE, START_FAILED = Exit.USAGE, Exit.START_FAILED
 
 def serve(*argv: str, cwd: Path, prefix: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `fencepost serve` with a short-lived default state root; a
-    mistake must end it well before `timeout` (a started server would not)."""
+    mistake must end it well before `timeout` (a started server would not).
+    A free port unless the test names one: runs in parallel never meet on the default."""
+    if "--listen" not in argv:
+        argv = ("--listen", "127.0.0.1:0", *argv)
     return subprocess.run(
         [*prefix, sys.executable, "-m", "fencepost_server", "serve", "--state-root", str(cwd / "state"), *argv],
         capture_output=True, text=True, timeout=timeout, cwd=cwd,
