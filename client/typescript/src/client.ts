@@ -3,9 +3,10 @@
 // Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`.
 import { randomUUID } from "node:crypto";
 
-import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
+import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials, status } from "@grpc/grpc-js";
 
 import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import { DOMAIN, FencepostError } from "./errors";
 import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
 import { JournalServiceClient } from "./gen/fencepost/v1/journal";
@@ -68,6 +69,38 @@ export interface TxnRequestInit {
  * Txn's failure branch after its success branch. */
 const resendable = (requestId: string) => requestId !== "";
 
+/** A UTF-16 surrogate without its pair: text no UTF-8 can carry. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Refuses a string field that is not well-formed Unicode, before it is sent.
+ * protobuf would encode each lone surrogate as U+FFFD, so "k\uD83D" and
+ * "k\uDBFF" (strings cut inside an emoji, say) would both name the stored key
+ * "k\uFFFD": a write to one overwrites the other. The error is the server's
+ * for a key (KEY_INVALID) or another field (FIELD_INVALID) that is not UTF-8. */
+function checkText(field: string, value: string, reason: "KEY_INVALID" | "FIELD_INVALID" = "FIELD_INVALID"): void {
+  if (!LONE_SURROGATE.test(value)) return;
+  const message = `${field} is not valid UTF-8 (it holds a lone surrogate)`;
+  throw new FencepostError({
+    code: status.INVALID_ARGUMENT, message, reason, domain: DOMAIN, fieldViolations: { [field]: message },
+  });
+}
+
+const checkKey = (field: string, key: string) => checkText(field, key, "KEY_INVALID");
+
+function checkOps(field: string, ops: TxnOp[]): void {
+  ops.forEach((op, i) => {
+    if (op.put) checkKey(`${field}[${i}].put.key`, op.put.key);
+    if (op.deleteKey !== undefined) checkKey(`${field}[${i}].delete_key`, op.deleteKey);
+  });
+}
+
+/** The write's request id: the caller's (checked), else a fresh one. */
+function requestIdOf(options: WriteOptions): string {
+  if (options.requestId === undefined) return newRequestId();
+  checkText("request_id", options.requestId);
+  return options.requestId;
+}
+
 const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
 
 export class FencepostClient {
@@ -116,47 +149,55 @@ export class FencepostClient {
 
   // -- KV ------------------------------------------------------------------
   async put(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<string> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), requestId: requestIdOf(options) };
     return (await this.call(this.kv.put.bind(this.kv), req, { ...options, safe: true })).version;
   }
 
   /** The entry, or null on a miss (a miss is never an error). */
   async get(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    checkKey("key", key);
     const res = await this.call(this.kv.get.bind(this.kv), { key }, { ...options, safe: true });
     return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
   }
 
   async getWithVersion(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    checkKey("key", key);
     const res = await this.call(this.kv.getWithVersion.bind(this.kv), { key }, { ...options, safe: true });
     return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
   }
 
   /** Whether the key existed. */
   async delete(key: string, options: WriteOptions = {}): Promise<boolean> {
-    const req = { key, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, requestId: requestIdOf(options) };
     return (await this.call(this.kv.delete.bind(this.kv), req, { ...options, safe: true })).existed;
   }
 
   async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), requestId: requestIdOf(options) };
     const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), expectedVersion, requestId: requestIdOf(options) };
     const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, expectedVersion, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, expectedVersion, requestId: requestIdOf(options) };
     const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   /** One page of entries under `prefix` (AIP-158: an empty token ends the listing). */
   async list(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<Entry>> {
+    checkKey("prefix", prefix);
     const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
     const res = await this.call(this.kv.list.bind(this.kv), req, { ...options, safe: true });
     return { items: res.entries.map((e: KeyValue) => ({ ...e, value: Buffer.from(e.value) })), nextPageToken: res.nextPageToken };
@@ -173,6 +214,7 @@ export class FencepostClient {
   }
 
   async listKeys(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<string>> {
+    checkKey("prefix", prefix);
     const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
     const res = await this.call(this.kv.listKeys.bind(this.kv), req, { ...options, safe: true });
     return { items: res.keys, nextPageToken: res.nextPageToken };
@@ -180,17 +222,22 @@ export class FencepostClient {
 
   /** Atomic compare-then-apply (a failed compare is `succeeded = false`). */
   async txn(init: TxnRequestInit, options: WriteOptions = {}): Promise<TxnResponse> {
+    (init.compares ?? []).forEach((c, i) => checkKey(`compares[${i}].key`, c.key));
+    checkOps("success_ops", init.successOps ?? []);
+    checkOps("failure_ops", init.failureOps ?? []);
     const req = {
       compares: init.compares ?? [],
       successOps: init.successOps ?? [],
       failureOps: init.failureOps ?? [],
-      requestId: options.requestId ?? newRequestId(),
+      requestId: requestIdOf(options),
     };
     return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
   }
 
   // -- ledger (what a session holder needs) ----------------------------------
   async openSession(agent: string, sessionKey: string, options: CallOptions = {}): Promise<Session> {
+    checkText("agent", agent);
+    checkText("session_key", sessionKey);
     const req = { agent, sessionKey, metadata: {} };
     return (await this.call(this.ledger.openSession.bind(this.ledger), req, { ...options, safe: true })).session!;
   }
@@ -200,11 +247,13 @@ export class FencepostClient {
   }
 
   async acquireLease(sessionId: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    checkText("holder_id", holderId);
     const req = { sessionId, holderId, ttl: msToDuration(ttlMs), generation: "0" };
     return (await this.call(this.ledger.acquireLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
   }
 
   async renewLease(sessionId: string, generation: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    checkText("holder_id", holderId);
     const req = { sessionId, generation, holderId, ttl: msToDuration(ttlMs) };
     return (await this.call(this.ledger.renewLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
   }
@@ -229,6 +278,7 @@ export class FencepostClient {
       consumeInboxIds: options.consumeInboxIds ?? [],
       commitId: options.commitId ?? randomUUID(),
     };
+    checkText("commit_id", req.commitId);
     return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: true });
   }
 }
