@@ -101,7 +101,12 @@ function requestIdOf(options: WriteOptions): string {
   return options.requestId;
 }
 
-const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
+/** A Duration of `ms` milliseconds, rounded to whole nanoseconds (an int32
+ * field: a fraction, as in a TTL of 10 / 3 * 1000 ms, failed the encoding). */
+function msToDuration(ms: number): { seconds: string; nanos: number } {
+  const nanos = BigInt(Math.round(ms * 1e6));
+  return { seconds: String(nanos / 1_000_000_000n), nanos: Number(nanos % 1_000_000_000n) };
+}
 
 export class FencepostClient {
   readonly channel: Channel;

@@ -5,7 +5,7 @@ import { test } from "node:test";
 
 import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
-import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary } from "../src";
+import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary, ledger } from "../src";
 
 const fast: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 1, maxBackoffMs: 2, multiplier: 2 };
 
@@ -112,5 +112,35 @@ test("a client's calls have the Python SDK's default deadline (30 s) unless told
     assert.deepEqual(ahead, [30, 5, undefined, 1]);
   } finally {
     for (const fp of clients) fp.close();
+  }
+});
+
+test("a TTL of a fraction of a millisecond is sent as a valid Duration (whole nanos)", async () => {
+  // a third of 10 s is 3333.3333333333335 ms: its nanos were not a whole
+  // number, and encoding the request failed (INTERNAL, nothing sent)
+  const sent: { seconds: string; nanos: number }[] = [];
+  const encodeAndAnswer: UnaryMethod<ledger.AcquireLeaseRequest, unknown> = (req, _md, _opts, cb) => {
+    const wire = ledger.AcquireLeaseRequest.decode(ledger.AcquireLeaseRequest.encode(req).finish());
+    sent.push(wire.ttl!);
+    cb(null, { lease: { generation: "1" } });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { token: "" });
+  (fp as unknown as { ledger: unknown }).ledger = { acquireLease: encodeAndAnswer, renewLease: encodeAndAnswer };
+  try {
+    await fp.acquireLease("sid", "A", (10 / 3) * 1000);
+    await fp.renewLease("sid", "1", "A", 1000.4);
+    await fp.renewLease("sid", "1", "A", 2999.9999999);
+    await fp.acquireLease("sid", "A", 10_000);
+    await fp.acquireLease("sid", "A", 0.0004);
+    assert.deepEqual(sent, [
+      { seconds: "3", nanos: 333_333_333 },
+      { seconds: "1", nanos: 400_000 },
+      { seconds: "3", nanos: 0 },
+      { seconds: "10", nanos: 0 },
+      { seconds: "0", nanos: 400 },
+    ]);
+  } finally {
+    fp.close();
   }
 });
