@@ -269,7 +269,9 @@ export class FencepostClient {
     return (await this.call(this.ledger.releaseLease.bind(this.ledger), req, { ...options, safe: true })).pending;
   }
 
-  /** A fenced append at expectedSeq + 1...; returns the new head seq. */
+  /** A fenced append at expectedSeq + 1...; returns the new head seq. `commitId`
+   * (filled in when absent) makes a retry apply it once; `""` sends none, and
+   * the commit is then never resent. */
   async commit(
     sessionId: string,
     generation: string,
@@ -284,7 +286,10 @@ export class FencepostClient {
       commitId: options.commitId ?? randomUUID(),
     };
     checkText("commit_id", req.commitId);
-    return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: true });
+    // Resent on UNAVAILABLE only with its commit id (the server then replays
+    // the first result): a commit sent with `commitId: ""` whose first attempt
+    // applied would be answered SEQUENCE_MISMATCH against the caller's own commit.
+    return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: resendable(req.commitId) });
   }
 }
 

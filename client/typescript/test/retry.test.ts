@@ -144,3 +144,31 @@ test("a TTL of a fraction of a millisecond is sent as a valid Duration (whole na
     fp.close();
   }
 });
+
+test("a commit sent without a commit id is never resent; with one (filled in when absent) it is, under the same id", async () => {
+  // Without an id, a resend of a commit whose first attempt applied answers
+  // SEQUENCE_MISMATCH (or INBOX_ENTRY_GONE) against the caller's own commit.
+  const ids: string[] = [];
+  const unavailable: UnaryMethod<ledger.CommitRequest, unknown> = (req, _md, _opts, cb) => {
+    ids.push(req.commitId);
+    const code = status.UNAVAILABLE;
+    cb(Object.assign(new Error("UNAVAILABLE"), { code, details: "UNAVAILABLE", metadata: new Metadata() }) as ServiceError, undefined);
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { retry: fast, token: "" });
+  (fp as unknown as { ledger: unknown }).ledger = { commit: unavailable };
+  try {
+    const unavailableCode = (e: FencepostError) => e.code === status.UNAVAILABLE;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")], { commitId: "" }), unavailableCode);
+    assert.deepEqual(ids, [""]);
+    ids.length = 0;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")]), unavailableCode);
+    assert.equal(ids.length, fast.maxAttempts);
+    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), String(ids));
+    ids.length = 0;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")], { commitId: "turn-7" }), unavailableCode);
+    assert.deepEqual(ids, Array(fast.maxAttempts).fill("turn-7"));
+  } finally {
+    fp.close();
+  }
+});
