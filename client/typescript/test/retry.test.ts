@@ -172,3 +172,29 @@ test("a commit sent without a commit id is never resent; with one (filled in whe
     fp.close();
   }
 });
+
+test("a call's metadata replaces the client's under the same key (a per-call token is the one sent)", async () => {
+  // Both were sent, the client's first, and the server reads the first
+  // authorization: a per-call token was ignored and the call ran as the
+  // client's (FENCEPOST_TOKEN's) identity.
+  const seen: Metadata[] = [];
+  const get: UnaryMethod<unknown, unknown> = (_req, md, _opts, cb) => {
+    seen.push(md);
+    cb(null, { found: false, value: Buffer.alloc(0), version: "" });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { token: "client-token", metadata: { "x-team": "a", "x-keep": "k" } });
+  (fp as unknown as { kv: unknown }).kv = { get };
+  try {
+    await fp.get("k", { metadata: { authorization: "Bearer call-token", "X-Team": "b" } });
+    await fp.get("k");
+    const [call, plain] = seen;
+    assert.deepEqual(call.get("authorization"), ["Bearer call-token"]);
+    assert.deepEqual(call.get("x-team"), ["b"]);
+    assert.deepEqual(call.get("x-keep"), ["k"]);
+    assert.deepEqual(plain.get("authorization"), ["Bearer client-token"]);
+    assert.deepEqual(plain.get("x-team"), ["a"]);
+  } finally {
+    fp.close();
+  }
+});
