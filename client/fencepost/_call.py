@@ -112,7 +112,12 @@ class Caller:
             _inject(carrier)
         if not extra and not carrier:  # the common case: the channel-wide list, built once
             return self.metadata or None
-        md = [*self.metadata, *_pairs(extra)]
+        # A key the call names replaces the channel-wide one: sending both
+        # would let the channel's win (the server reads the first
+        # `authorization`), so a per-call token would be ignored.
+        own = _pairs(extra)
+        named = {k.lower() for k, _ in own}
+        md = [(k, v) for k, v in self.metadata if k.lower() not in named] + own
         md.extend(carrier.items())
         return md
 
