@@ -78,7 +78,18 @@ export function isReason(err: unknown, reason: ErrorReason): err is FencepostErr
   return err instanceof FencepostError && err.reason === reason;
 }
 
+/** The Status, ErrorInfo and BadRequest of the details trailer; none when the
+ * trailer does not decode (a proxy's, say): the error keeps the call's code and
+ * message. Throwing here would escape from grpc-js's status callback. */
 function decodeDetails(metadata: Metadata | undefined): Partial<ErrorFields> {
+  try {
+    return decodeStatus(metadata);
+  } catch {
+    return {};
+  }
+}
+
+function decodeStatus(metadata: Metadata | undefined): Partial<ErrorFields> {
   const raw = metadata?.get(DETAILS_KEY) ?? [];
   if (raw.length === 0) return {};
   const st = Status.decode(raw[0] as Buffer);

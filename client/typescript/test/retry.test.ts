@@ -5,7 +5,7 @@ import { test } from "node:test";
 
 import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
-import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary, ledger } from "../src";
+import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary, fromServiceError, ledger } from "../src";
 
 const fast: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 1, maxBackoffMs: 2, multiplier: 2 };
 
@@ -197,4 +197,24 @@ test("a call's metadata replaces the client's under the same key (a per-call tok
   } finally {
     fp.close();
   }
+});
+
+test("a status-details trailer that does not decode still makes a FencepostError with the call's code", async () => {
+  // Decoding threw from inside grpc-js's status callback (a proxy's or a
+  // broken server's trailer): the call's promise never settled and the
+  // exception escaped as an uncaught one.
+  const md = new Metadata();
+  md.set("grpc-status-details-bin", Buffer.from([0xff, 0xff, 0xff]));
+  const broken = { code: status.UNAVAILABLE, details: "upstream reset", metadata: md } as unknown as ServiceError;
+  const err = fromServiceError(broken);
+  assert.ok(err instanceof FencepostError);
+  assert.deepEqual([err.code, err.reasonString, err.detail], [status.UNAVAILABLE, "", "upstream reset"]);
+  let calls = 0;
+  const method: UnaryMethod<string, string> = (_req, _md, _opts, cb) => {
+    calls++;
+    setImmediate(() => cb(broken, ""));
+    return {} as ReturnType<UnaryMethod<string, string>>;
+  };
+  await assert.rejects(callUnary(method, "r", true, { retry: fast }), (e: unknown) => e instanceof FencepostError && e.code === status.UNAVAILABLE);
+  assert.equal(calls, fast.maxAttempts); // still UNAVAILABLE: retried as any other
 });
