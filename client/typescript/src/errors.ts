@@ -107,6 +107,8 @@ function decodeStatus(metadata: Metadata | undefined): Partial<ErrorFields> {
   return out;
 }
 
+const TOO_LARGE = /message larger than max|send message with a size larger than/i;
+
 /** The FencepostError for a grpc-js error (keeps it as `cause`). */
 export function fromServiceError(err: ServiceError): FencepostError {
   const details = decodeDetails(err.metadata);
@@ -116,8 +118,11 @@ export function fromServiceError(err: ServiceError): FencepostError {
     message: details.message || err.details || status[err.code] || "error",
   };
   // The transport refuses an oversized request before any handler runs: no
-  // ErrorInfo at all. Reported under the reason the SDKs give it.
-  if (err.code === status.RESOURCE_EXHAUSTED && !fields.reason && /message larger than max/i.test(fields.message)) {
+  // ErrorInfo at all. Reported under the reason the SDKs give it, whichever
+  // side refused it: the server ("Received message larger than max"), or this
+  // client over its own grpc.max_send_message_length ("Attempted to send
+  // message with a size larger than ...").
+  if (err.code === status.RESOURCE_EXHAUSTED && !fields.reason && TOO_LARGE.test(fields.message)) {
     fields.reason = "MESSAGE_TOO_LARGE";
   }
   return new FencepostError(fields, { cause: err });
