@@ -2,6 +2,7 @@
 // helpers for KV / compare-and-set and the ledger calls a session needs.
 // Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`.
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 
 import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials, status } from "@grpc/grpc-js";
 
@@ -18,7 +19,7 @@ import { StoreApiServiceClient } from "./gen/fencepost/v1/store_api";
 import { newRequestId } from "./ids";
 
 export interface ClientOptions extends CallOptions {
-  /** Default: insecure (loopback development). */
+  /** Default: TLS when a FENCEPOST_TLS_* variable is set, else insecure (loopback development). */
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
   /** Bearer token, sent as `authorization: Bearer ...`. Default: FENCEPOST_TOKEN; "" sends none. */
@@ -31,6 +32,32 @@ export const DEFAULT_ENDPOINT = "127.0.0.1:50051";
 /** Each call's deadline when the client's options name none (the Python SDK's DEFAULT_TIMEOUT);
  * `timeoutMs: undefined`, given explicitly, sends calls without one. */
 export const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** TLS from the variables the Python SDK and the CLI read (client/fencepost/_env.py): any of
+ * them turns TLS on; undefined when none is set (an empty one counts as unset). A bearer token
+ * then never goes out over a plain-text channel to a server set up for TLS. */
+export function tlsFromEnv(env: NodeJS.ProcessEnv = process.env): { credentials: ChannelCredentials; channelOptions: ChannelOptions } | undefined {
+  const ca = env.FENCEPOST_TLS_CA || "";
+  const cert = env.FENCEPOST_TLS_CERT || "";
+  const key = env.FENCEPOST_TLS_KEY || "";
+  const serverName = env.FENCEPOST_TLS_SERVER_NAME || "";
+  if (!ca && !cert && !key && !serverName) return undefined;
+  if (!cert !== !key) {
+    throw new Error("a TLS client certificate and key go together (FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY)");
+  }
+  const read = (path: string, variable: string): Buffer | null => {
+    if (!path) return null;
+    try {
+      return readFileSync(path);
+    } catch (err) {
+      throw new Error(`cannot read the TLS file ${path} (${variable}): ${(err as Error).message}`);
+    }
+  };
+  const credentials = grpcCredentials.createSsl(
+    read(ca, "FENCEPOST_TLS_CA"), read(key, "FENCEPOST_TLS_KEY"), read(cert, "FENCEPOST_TLS_CERT"),
+  );
+  return { credentials, channelOptions: serverName ? { "grpc.ssl_target_name_override": serverName } : {} };
+}
 
 /** An entry read with its version. */
 export interface Entry {
@@ -120,14 +147,17 @@ export class FencepostClient {
   readonly admin: AdminServiceClient;
   private readonly defaults: CallOptions;
 
-  /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, and the token to
-   * FENCEPOST_TOKEN: the variables the Python SDK and the CLI read (an empty one counts as unset). */
+  /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, the token to
+   * FENCEPOST_TOKEN, and the credentials to TLS when any of FENCEPOST_TLS_CA, FENCEPOST_TLS_CERT /
+   * FENCEPOST_TLS_KEY, FENCEPOST_TLS_SERVER_NAME is set (else insecure): the variables the Python
+   * SDK and the CLI read (an empty one counts as unset). */
   constructor(target?: string, options: ClientOptions = {}) {
     target = target || process.env.FENCEPOST_ENDPOINT || DEFAULT_ENDPOINT;
     const token = options.token ?? (process.env.FENCEPOST_TOKEN || "");
     const metadata = token ? { ...options.metadata, authorization: `Bearer ${token}` } : options.metadata;
-    const creds = options.credentials ?? grpcCredentials.createInsecure();
-    this.channel = new Channel(target, creds, options.channelOptions ?? {});
+    const tls = options.credentials ? undefined : tlsFromEnv();
+    const creds = options.credentials ?? tls?.credentials ?? grpcCredentials.createInsecure();
+    this.channel = new Channel(target, creds, { ...tls?.channelOptions, ...options.channelOptions });
     const shared = { channelOverride: this.channel };
     this.kv = new KvServiceClient(target, creds, shared);
     this.ledger = new LedgerServiceClient(target, creds, shared);
