@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
 from . import reasons
@@ -74,22 +75,35 @@ def translate(exc: grpc.aio.AioRpcError | grpc.RpcError) -> FencepostError:
     trailing = exc.trailing_metadata() or ()
     for key, value in trailing:
         if key == _DETAILS_KEY:
-            status = status_pb2.Status.FromString(value)
+            try:
+                status = status_pb2.Status.FromString(value)
+                found = _details(status)
+            except DecodeError:
+                # not a google.rpc.Status (a proxy's trailer, say): the call's
+                # own code and message stand, with no reason
+                continue
             message = status.message or message
-            for detail in status.details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    reason, meta = info.reason, dict(info.metadata)
-                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                    bad = error_details_pb2.BadRequest()
-                    detail.Unpack(bad)
-                    violations = {v.field: v.description for v in bad.field_violations}
+            reason, meta, violations = found
     if code_name == "RESOURCE_EXHAUSTED" and not reason and "message larger than max" in message.lower():
         reason = reasons.MESSAGE_TOO_LARGE
     err = error_for(code_name, message, reason, meta, violations)
     err.__cause__ = exc
     return err
+
+
+def _details(status: status_pb2.Status) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The ErrorInfo reason and metadata and the BadRequest field violations of a Status."""
+    reason, meta, violations = "", {}, {}
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason, meta = info.reason, dict(info.metadata)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations = {v.field: v.description for v in bad.field_violations}
+    return reason, meta, violations
 
 
 def _retryable(err: FencepostError, safe: bool) -> bool:
@@ -112,7 +126,12 @@ class Caller:
             _inject(carrier)
         if not extra and not carrier:  # the common case: the channel-wide list, built once
             return self.metadata or None
-        md = [*self.metadata, *_pairs(extra)]
+        # A key the call names replaces the channel-wide one: sending both
+        # would let the channel's win (the server reads the first
+        # `authorization`), so a per-call token would be ignored.
+        own = _pairs(extra)
+        named = {k.lower() for k, _ in own}
+        md = [(k, v) for k, v in self.metadata if k.lower() not in named] + own
         md.extend(carrier.items())
         return md
 

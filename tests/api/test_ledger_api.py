@@ -85,6 +85,33 @@ async def test_a_commit_at_every_bound_over_the_wire(client: fencepost.AsyncClie
         await client.commit(sid, lease.generation, 64, [b"r"] * 65, commit_id="over")
 
 
+
+async def test_a_commit_at_the_byte_limit_is_commit_too_large_on_every_backend(client: fencepost.AsyncClient) -> None:
+    """Sixteen records of (nearly) 256 KiB, the last one shrinking until the
+    commit fits: every refusal on the way is COMMIT_TOO_LARGE with its limit
+    and size, whichever count refuses it (the ledger's, or a backend's own,
+    such as DynamoDB's, which counts attribute names too and refused such a
+    commit as TXN_TOO_LARGE, a reason Commit does not declare), and the
+    commit that fits lands whole."""
+    sid = (await client.open_session("agent", "at-the-limit")).session_id
+    lease = await client.acquire_lease(sid, "A", ttl=60)
+    big = 256 * 1024
+    refusals = 0
+    for last in range(big, 0, -512):
+        records = [bytes([i]) * big for i in range(15)] + [b"z" * last]
+        try:
+            out = await client.commit(sid, lease.generation, 0, records)
+            break
+        except errors.CommitTooLarge as refused:
+            assert refused.metadata["limit"] == str(4 * 1024 * 1024)
+            assert int(refused.metadata["size"]) > 4 * 1024 * 1024
+            refusals += 1
+    else:
+        raise AssertionError("no commit of sixteen records fitted")
+    assert refusals > 0 and out.seq == 16
+    logged = [r.data async for r in client.read_log(sid)]
+    assert logged == records
+
 async def test_dedupe_through_the_server(client: fencepost.AsyncClient) -> None:
     a = await client.deliver(b"e", agent="agent", session_key="dd", dedupe_key="msg-1")
     b = await client.deliver(b"e", agent="agent", session_key="dd", dedupe_key="msg-1")

@@ -50,6 +50,23 @@ async def test_missing_or_wrong_token_is_unauthenticated(secured: App) -> None:
             await c.get("k")
 
 
+
+async def test_a_calls_metadata_replaces_the_clients_under_the_same_key(tmp_path: Path) -> None:
+    """A per-call `authorization` is the one sent: both went out, the
+    client's first, and the server reads the first, so the call ran as the
+    client's identity (FENCEPOST_TOKEN's, when set) instead of the caller's."""
+    app = App(Settings(listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json")),
+              storage=MemoryStorage())
+    await app.start()
+    try:
+        async with _client(app, "token-tenant-a") as a, _client(app, "token-tenant-b") as b:
+            await a.put("per-call", b"b's", metadata={"authorization": "Bearer token-tenant-b"})
+            await a.put("per-call-pairs", b"b's", metadata=[("authorization", "Bearer token-tenant-b")])
+            assert await a.get("per-call") is None and await a.get("per-call-pairs") is None
+            assert (await b.get("per-call")).value == (await b.get("per-call-pairs")).value == b"b's"
+    finally:
+        await app.stop(grace=0.2)
+
 async def test_health_stays_open_without_credentials(secured: App) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -65,3 +65,38 @@ def test_undeclared_names_the_line_to_add() -> None:
     ), problems
     assert any("`ERROR_REASON_NO_SUCH_REASON = <next number>;`" in p for p in problems), problems
     assert any("with no ErrorInfo" in p for p in problems), problems
+
+
+def _carries(message: object, names: set[str], seen: set[str] | None = None) -> bool:
+    """Whether `message` (a Descriptor) or a message nested in it has a field named in `names`."""
+    seen = set() if seen is None else seen
+    if message.full_name in seen:  # type: ignore[attr-defined]
+        return False
+    seen.add(message.full_name)  # type: ignore[attr-defined]
+    return any(
+        f.name in names or (f.message_type is not None and _carries(f.message_type, names, seen))
+        for f in message.fields  # type: ignore[attr-defined]
+    )
+
+
+def test_only_an_rpc_whose_request_carries_a_request_id_declares_request_id_reused() -> None:
+    """REQUEST_ID_REUSED answers a request_id seen with another request: an RPC
+    whose request has no request_id cannot return it, and declaring it (as
+    MemoryService and EvalService did for every RPC, reads included) promises
+    callers an error that never comes."""
+    import importlib
+    import pkgutil
+
+    from fencepost import v1
+
+    wrong = []
+    for info in pkgutil.iter_modules(v1.__path__):
+        if not info.name.endswith("_pb2"):
+            continue
+        module = importlib.import_module(f"{v1.__name__}.{info.name}")
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                declared = contract.declared_reasons(f"/{service.full_name}/{method.name}") or frozenset()
+                if reasons.REQUEST_ID_REUSED in declared and not _carries(method.input_type, {"request_id"}):
+                    wrong.append(f"{service.name}.{method.name}")
+    assert not wrong, f"declare REQUEST_ID_REUSED only on the RPCs that take a request_id, not on {wrong}"

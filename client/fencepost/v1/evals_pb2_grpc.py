@@ -52,8 +52,9 @@ class EvalServiceStub:
     (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
     value limit once stored (metadata `limit`, `size`). Send less.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-    different request. Use a fresh id per distinct request.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
+    request_id): the request_id was used for a different request. Use a
+    fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -146,8 +147,9 @@ class EvalServiceServicer:
     (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
     value limit once stored (metadata `limit`, `size`). Send less.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-    different request. Use a fresh id per distinct request.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
+    request_id): the request_id was used for a different request. Use a
+    fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -346,8 +348,9 @@ class EvalService:
     (metadata `limit`, `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
     value limit once stored (metadata `limit`, `size`). Send less.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-    different request. Use a fresh id per distinct request.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
+    request_id): the request_id was used for a different request. Use a
+    fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is

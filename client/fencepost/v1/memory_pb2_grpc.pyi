@@ -49,8 +49,9 @@ class MemoryServiceStub:
       1..9999) or the request does not decode (a string that is not valid
       UTF-8, a truncated message); see the BadRequest field violation. Fix the
       request; do not retry as is.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-      different request of this agent. Use a fresh id.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes that take a
+      request_id: Append, Forget, ReassertTrust, Pin, Unpin): the request_id
+      was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -214,8 +215,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
       1..9999) or the request does not decode (a string that is not valid
       UTF-8, a truncated message); see the BadRequest field violation. Fix the
       request; do not retry as is.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-      different request of this agent. Use a fresh id.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes that take a
+      request_id: Append, Forget, ReassertTrust, Pin, Unpin): the request_id
+      was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
@@ -375,8 +377,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
       1..9999) or the request does not decode (a string that is not valid
       UTF-8, a truncated message); see the BadRequest field violation. Fix the
       request; do not retry as is.
-    - INVALID_ARGUMENT / REQUEST_ID_REUSED: the request_id was used for a
-      different request of this agent. Use a fresh id.
+    - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes that take a
+      request_id: Append, Forget, ReassertTrust, Pin, Unpin): the request_id
+      was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is

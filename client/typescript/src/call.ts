@@ -43,9 +43,12 @@ export type UnaryMethod<Req, Res> = (
   callback: (error: ServiceError | null, response: Res) => void,
 ) => ClientUnaryCall;
 
+/** The client's metadata with the call's: a key the call names replaces the
+ * client's (keys compare as gRPC's, lowercase). Sending both would let the
+ * client's win: the server reads the first `authorization`. */
 function toMetadata(...maps: (Record<string, string> | undefined)[]): Metadata {
   const md = new Metadata();
-  for (const map of maps) for (const [k, v] of Object.entries(map ?? {})) md.add(k, v);
+  for (const map of maps) for (const [k, v] of Object.entries(map ?? {})) md.set(k, v);
   return md;
 }
 

@@ -2,10 +2,12 @@
 // helpers for KV / compare-and-set and the ledger calls a session needs.
 // Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`.
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 
-import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
+import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials, status } from "@grpc/grpc-js";
 
 import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import { DOMAIN, FencepostError } from "./errors";
 import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
 import { JournalServiceClient } from "./gen/fencepost/v1/journal";
@@ -17,7 +19,7 @@ import { StoreApiServiceClient } from "./gen/fencepost/v1/store_api";
 import { newRequestId } from "./ids";
 
 export interface ClientOptions extends CallOptions {
-  /** Default: insecure (loopback development). */
+  /** Default: TLS when a FENCEPOST_TLS_* variable is set, else insecure (loopback development). */
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
   /** Bearer token, sent as `authorization: Bearer ...`. Default: FENCEPOST_TOKEN; "" sends none. */
@@ -30,6 +32,32 @@ export const DEFAULT_ENDPOINT = "127.0.0.1:50051";
 /** Each call's deadline when the client's options name none (the Python SDK's DEFAULT_TIMEOUT);
  * `timeoutMs: undefined`, given explicitly, sends calls without one. */
 export const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** TLS from the variables the Python SDK and the CLI read (client/fencepost/_env.py): any of
+ * them turns TLS on; undefined when none is set (an empty one counts as unset). A bearer token
+ * then never goes out over a plain-text channel to a server set up for TLS. */
+export function tlsFromEnv(env: NodeJS.ProcessEnv = process.env): { credentials: ChannelCredentials; channelOptions: ChannelOptions } | undefined {
+  const ca = env.FENCEPOST_TLS_CA || "";
+  const cert = env.FENCEPOST_TLS_CERT || "";
+  const key = env.FENCEPOST_TLS_KEY || "";
+  const serverName = env.FENCEPOST_TLS_SERVER_NAME || "";
+  if (!ca && !cert && !key && !serverName) return undefined;
+  if (!cert !== !key) {
+    throw new Error("a TLS client certificate and key go together (FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY)");
+  }
+  const read = (path: string, variable: string): Buffer | null => {
+    if (!path) return null;
+    try {
+      return readFileSync(path);
+    } catch (err) {
+      throw new Error(`cannot read the TLS file ${path} (${variable}): ${(err as Error).message}`);
+    }
+  };
+  const credentials = grpcCredentials.createSsl(
+    read(ca, "FENCEPOST_TLS_CA"), read(key, "FENCEPOST_TLS_KEY"), read(cert, "FENCEPOST_TLS_CERT"),
+  );
+  return { credentials, channelOptions: serverName ? { "grpc.ssl_target_name_override": serverName } : {} };
+}
 
 /** An entry read with its version. */
 export interface Entry {
@@ -68,7 +96,44 @@ export interface TxnRequestInit {
  * Txn's failure branch after its success branch. */
 const resendable = (requestId: string) => requestId !== "";
 
-const msToDuration = (ms: number) => ({ seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
+/** A UTF-16 surrogate without its pair: text no UTF-8 can carry. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Refuses a string field that is not well-formed Unicode, before it is sent.
+ * protobuf would encode each lone surrogate as U+FFFD, so "k\uD83D" and
+ * "k\uDBFF" (strings cut inside an emoji, say) would both name the stored key
+ * "k\uFFFD": a write to one overwrites the other. The error is the server's
+ * for a key (KEY_INVALID) or another field (FIELD_INVALID) that is not UTF-8. */
+function checkText(field: string, value: string, reason: "KEY_INVALID" | "FIELD_INVALID" = "FIELD_INVALID"): void {
+  if (!LONE_SURROGATE.test(value)) return;
+  const message = `${field} is not valid UTF-8 (it holds a lone surrogate)`;
+  throw new FencepostError({
+    code: status.INVALID_ARGUMENT, message, reason, domain: DOMAIN, fieldViolations: { [field]: message },
+  });
+}
+
+const checkKey = (field: string, key: string) => checkText(field, key, "KEY_INVALID");
+
+function checkOps(field: string, ops: TxnOp[]): void {
+  ops.forEach((op, i) => {
+    if (op.put) checkKey(`${field}[${i}].put.key`, op.put.key);
+    if (op.deleteKey !== undefined) checkKey(`${field}[${i}].delete_key`, op.deleteKey);
+  });
+}
+
+/** The write's request id: the caller's (checked), else a fresh one. */
+function requestIdOf(options: WriteOptions): string {
+  if (options.requestId === undefined) return newRequestId();
+  checkText("request_id", options.requestId);
+  return options.requestId;
+}
+
+/** A Duration of `ms` milliseconds, rounded to whole nanoseconds (an int32
+ * field: a fraction, as in a TTL of 10 / 3 * 1000 ms, failed the encoding). */
+function msToDuration(ms: number): { seconds: string; nanos: number } {
+  const nanos = BigInt(Math.round(ms * 1e6));
+  return { seconds: String(nanos / 1_000_000_000n), nanos: Number(nanos % 1_000_000_000n) };
+}
 
 export class FencepostClient {
   readonly channel: Channel;
@@ -82,14 +147,17 @@ export class FencepostClient {
   readonly admin: AdminServiceClient;
   private readonly defaults: CallOptions;
 
-  /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, and the token to
-   * FENCEPOST_TOKEN: the variables the Python SDK and the CLI read (an empty one counts as unset). */
+  /** `target` (host:port) defaults to FENCEPOST_ENDPOINT, else 127.0.0.1:50051, the token to
+   * FENCEPOST_TOKEN, and the credentials to TLS when any of FENCEPOST_TLS_CA, FENCEPOST_TLS_CERT /
+   * FENCEPOST_TLS_KEY, FENCEPOST_TLS_SERVER_NAME is set (else insecure): the variables the Python
+   * SDK and the CLI read (an empty one counts as unset). */
   constructor(target?: string, options: ClientOptions = {}) {
     target = target || process.env.FENCEPOST_ENDPOINT || DEFAULT_ENDPOINT;
     const token = options.token ?? (process.env.FENCEPOST_TOKEN || "");
     const metadata = token ? { ...options.metadata, authorization: `Bearer ${token}` } : options.metadata;
-    const creds = options.credentials ?? grpcCredentials.createInsecure();
-    this.channel = new Channel(target, creds, options.channelOptions ?? {});
+    const tls = options.credentials ? undefined : tlsFromEnv();
+    const creds = options.credentials ?? tls?.credentials ?? grpcCredentials.createInsecure();
+    this.channel = new Channel(target, creds, { ...tls?.channelOptions, ...options.channelOptions });
     const shared = { channelOverride: this.channel };
     this.kv = new KvServiceClient(target, creds, shared);
     this.ledger = new LedgerServiceClient(target, creds, shared);
@@ -116,47 +184,55 @@ export class FencepostClient {
 
   // -- KV ------------------------------------------------------------------
   async put(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<string> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), requestId: requestIdOf(options) };
     return (await this.call(this.kv.put.bind(this.kv), req, { ...options, safe: true })).version;
   }
 
   /** The entry, or null on a miss (a miss is never an error). */
   async get(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    checkKey("key", key);
     const res = await this.call(this.kv.get.bind(this.kv), { key }, { ...options, safe: true });
     return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
   }
 
   async getWithVersion(key: string, options: CallOptions = {}): Promise<Entry | null> {
+    checkKey("key", key);
     const res = await this.call(this.kv.getWithVersion.bind(this.kv), { key }, { ...options, safe: true });
     return res.found ? { key, value: Buffer.from(res.value), version: res.version } : null;
   }
 
   /** Whether the key existed. */
   async delete(key: string, options: WriteOptions = {}): Promise<boolean> {
-    const req = { key, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, requestId: requestIdOf(options) };
     return (await this.call(this.kv.delete.bind(this.kv), req, { ...options, safe: true })).existed;
   }
 
   async putIfAbsent(key: string, value: Uint8Array, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), requestId: requestIdOf(options) };
     const res = await this.call(this.kv.putIfAbsent.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async putIfVersion(key: string, value: Uint8Array, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, value: Buffer.from(value), expectedVersion, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, value: Buffer.from(value), expectedVersion, requestId: requestIdOf(options) };
     const res = await this.call(this.kv.putIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   async deleteIfVersion(key: string, expectedVersion: string, options: WriteOptions = {}): Promise<CasResult> {
-    const req = { key, expectedVersion, requestId: options.requestId ?? newRequestId() };
+    checkKey("key", key);
+    const req = { key, expectedVersion, requestId: requestIdOf(options) };
     const res = await this.call(this.kv.deleteIfVersion.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
     return { applied: res.applied, version: res.version };
   }
 
   /** One page of entries under `prefix` (AIP-158: an empty token ends the listing). */
   async list(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<Entry>> {
+    checkKey("prefix", prefix);
     const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
     const res = await this.call(this.kv.list.bind(this.kv), req, { ...options, safe: true });
     return { items: res.entries.map((e: KeyValue) => ({ ...e, value: Buffer.from(e.value) })), nextPageToken: res.nextPageToken };
@@ -173,6 +249,7 @@ export class FencepostClient {
   }
 
   async listKeys(prefix: string, page: { pageSize?: number; pageToken?: string } = {}, options: CallOptions = {}): Promise<Page<string>> {
+    checkKey("prefix", prefix);
     const req = { prefix, pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
     const res = await this.call(this.kv.listKeys.bind(this.kv), req, { ...options, safe: true });
     return { items: res.keys, nextPageToken: res.nextPageToken };
@@ -180,17 +257,22 @@ export class FencepostClient {
 
   /** Atomic compare-then-apply (a failed compare is `succeeded = false`). */
   async txn(init: TxnRequestInit, options: WriteOptions = {}): Promise<TxnResponse> {
+    (init.compares ?? []).forEach((c, i) => checkKey(`compares[${i}].key`, c.key));
+    checkOps("success_ops", init.successOps ?? []);
+    checkOps("failure_ops", init.failureOps ?? []);
     const req = {
       compares: init.compares ?? [],
       successOps: init.successOps ?? [],
       failureOps: init.failureOps ?? [],
-      requestId: options.requestId ?? newRequestId(),
+      requestId: requestIdOf(options),
     };
     return this.call(this.kv.txn.bind(this.kv), req, { ...options, safe: resendable(req.requestId) });
   }
 
   // -- ledger (what a session holder needs) ----------------------------------
   async openSession(agent: string, sessionKey: string, options: CallOptions = {}): Promise<Session> {
+    checkText("agent", agent);
+    checkText("session_key", sessionKey);
     const req = { agent, sessionKey, metadata: {} };
     return (await this.call(this.ledger.openSession.bind(this.ledger), req, { ...options, safe: true })).session!;
   }
@@ -200,11 +282,13 @@ export class FencepostClient {
   }
 
   async acquireLease(sessionId: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    checkText("holder_id", holderId);
     const req = { sessionId, holderId, ttl: msToDuration(ttlMs), generation: "0" };
     return (await this.call(this.ledger.acquireLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
   }
 
   async renewLease(sessionId: string, generation: string, holderId: string, ttlMs: number, options: CallOptions = {}): Promise<Lease> {
+    checkText("holder_id", holderId);
     const req = { sessionId, generation, holderId, ttl: msToDuration(ttlMs) };
     return (await this.call(this.ledger.renewLease.bind(this.ledger), req, { ...options, safe: true })).lease!;
   }
@@ -215,7 +299,9 @@ export class FencepostClient {
     return (await this.call(this.ledger.releaseLease.bind(this.ledger), req, { ...options, safe: true })).pending;
   }
 
-  /** A fenced append at expectedSeq + 1...; returns the new head seq. */
+  /** A fenced append at expectedSeq + 1...; returns the new head seq. `commitId`
+   * (filled in when absent) makes a retry apply it once; `""` sends none, and
+   * the commit is then never resent. */
   async commit(
     sessionId: string,
     generation: string,
@@ -229,7 +315,11 @@ export class FencepostClient {
       consumeInboxIds: options.consumeInboxIds ?? [],
       commitId: options.commitId ?? randomUUID(),
     };
-    return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: true });
+    checkText("commit_id", req.commitId);
+    // Resent on UNAVAILABLE only with its commit id (the server then replays
+    // the first result): a commit sent with `commitId: ""` whose first attempt
+    // applied would be answered SEQUENCE_MISMATCH against the caller's own commit.
+    return this.call(this.ledger.commit.bind(this.ledger), req, { ...options, safe: resendable(req.commitId) });
   }
 }
 

@@ -78,7 +78,18 @@ export function isReason(err: unknown, reason: ErrorReason): err is FencepostErr
   return err instanceof FencepostError && err.reason === reason;
 }
 
+/** The Status, ErrorInfo and BadRequest of the details trailer; none when the
+ * trailer does not decode (a proxy's, say): the error keeps the call's code and
+ * message. Throwing here would escape from grpc-js's status callback. */
 function decodeDetails(metadata: Metadata | undefined): Partial<ErrorFields> {
+  try {
+    return decodeStatus(metadata);
+  } catch {
+    return {};
+  }
+}
+
+function decodeStatus(metadata: Metadata | undefined): Partial<ErrorFields> {
   const raw = metadata?.get(DETAILS_KEY) ?? [];
   if (raw.length === 0) return {};
   const st = Status.decode(raw[0] as Buffer);
@@ -96,6 +107,8 @@ function decodeDetails(metadata: Metadata | undefined): Partial<ErrorFields> {
   return out;
 }
 
+const TOO_LARGE = /message larger than max|send message with a size larger than/i;
+
 /** The FencepostError for a grpc-js error (keeps it as `cause`). */
 export function fromServiceError(err: ServiceError): FencepostError {
   const details = decodeDetails(err.metadata);
@@ -105,8 +118,11 @@ export function fromServiceError(err: ServiceError): FencepostError {
     message: details.message || err.details || status[err.code] || "error",
   };
   // The transport refuses an oversized request before any handler runs: no
-  // ErrorInfo at all. Reported under the reason the SDKs give it.
-  if (err.code === status.RESOURCE_EXHAUSTED && !fields.reason && /message larger than max/i.test(fields.message)) {
+  // ErrorInfo at all. Reported under the reason the SDKs give it, whichever
+  // side refused it: the server ("Received message larger than max"), or this
+  // client over its own grpc.max_send_message_length ("Attempted to send
+  // message with a size larger than ...").
+  if (err.code === status.RESOURCE_EXHAUSTED && !fields.reason && TOO_LARGE.test(fields.message)) {
     fields.reason = "MESSAGE_TOO_LARGE";
   }
   return new FencepostError(fields, { cause: err });

@@ -7,8 +7,8 @@ import { after, test } from "node:test";
 
 import { status } from "@grpc/grpc-js";
 
-import { ErrorReason, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi } from "../src";
-import { expectReason, newClient, unique } from "./support";
+import { ErrorReason, FencepostClient, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi } from "../src";
+import { expectReason, newClient, target, unique } from "./support";
 
 const fp = newClient();
 after(() => fp.close());
@@ -107,4 +107,20 @@ test("an oversized request: the transport's RESOURCE_EXHAUSTED (no ErrorInfo), r
   );
   assert.ok(err instanceof FencepostError);
   assert.deepEqual([err.code, err.reason, err.domain], [RESOURCE_EXHAUSTED, ErrorReason.MESSAGE_TOO_LARGE, ""]);
+});
+
+test("a request over the client's own send limit is MESSAGE_TOO_LARGE too", async () => {
+  // grpc-js refuses it before sending, in other words ("Attempted to send
+  // message with a size larger than ..."), and it was reported without a reason
+  const small = new FencepostClient(target(), { timeoutMs: 10_000, channelOptions: { "grpc.max_send_message_length": 1024 } });
+  try {
+    const err = await small.put(unique("ts/over-send"), Buffer.alloc(4096)).then(
+      () => assert.fail("a request over the send limit succeeded"),
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof FencepostError, String(err));
+    assert.deepEqual([err.code, err.reason], [RESOURCE_EXHAUSTED, ErrorReason.MESSAGE_TOO_LARGE], err.message);
+  } finally {
+    small.close();
+  }
 });

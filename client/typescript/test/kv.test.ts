@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
-import { FencepostClient, FencepostError, kv } from "../src";
+import { credentials, status } from "@grpc/grpc-js";
+
+import { FencepostClient, FencepostError, NO_RETRY, kv } from "../src";
 import { newClient, target, unique } from "./support";
 
 const fp = newClient();
@@ -105,4 +107,47 @@ test("every service of the proto has its client on FencepostClient", async () =>
   const op = await fp.call(fp.admin.getOperation.bind(fp.admin), { name: "operations/erase-none" }, { safe: true })
     .catch((err: unknown) => err);
   assert.ok(op instanceof FencepostError && op.reasonString === "OPERATION_NOT_FOUND", String(op));
+});
+
+test("FENCEPOST_TLS_* turn TLS on, as for the Python SDK and the CLI: the token never goes out in clear text", async () => {
+  // The client read FENCEPOST_ENDPOINT and FENCEPOST_TOKEN but not the TLS
+  // variables: set up for a TLS server, it sent the bearer token over plain
+  // HTTP/2. Against this plain-text server, a TLS client must fail the handshake.
+  const names = ["FENCEPOST_TLS_CA", "FENCEPOST_TLS_CERT", "FENCEPOST_TLS_KEY", "FENCEPOST_TLS_SERVER_NAME"];
+  const saved = Object.fromEntries(names.map((n) => [n, process.env[n]]));
+  const restore = () => {
+    for (const n of names) {
+      if (saved[n] === undefined) delete process.env[n];
+      else process.env[n] = saved[n];
+    }
+  };
+  try {
+    for (const n of names) delete process.env[n];
+    process.env.FENCEPOST_TLS_SERVER_NAME = "localhost";
+    const tls = new FencepostClient(target(), { timeoutMs: 3_000, retry: NO_RETRY });
+    try {
+      const err = await tls.get(unique("ts/tls")).then(() => "answered in clear text", (e: unknown) => e);
+      assert.ok(err instanceof FencepostError && err.code === status.UNAVAILABLE, String(err));
+    } finally {
+      tls.close();
+    }
+    process.env.FENCEPOST_TLS_CA = "/nonexistent/ca.pem";
+    assert.throws(() => new FencepostClient(target()), /FENCEPOST_TLS_CA/);
+    delete process.env.FENCEPOST_TLS_CA;
+    process.env.FENCEPOST_TLS_CERT = "/nonexistent/cert.pem";
+    assert.throws(() => new FencepostClient(target()), /FENCEPOST_TLS_CERT.*FENCEPOST_TLS_KEY/);
+    // explicit credentials win over the variables; an empty variable counts as unset
+    const explicit = new FencepostClient(target(), { timeoutMs: 10_000, credentials: credentials.createInsecure() });
+    for (const n of names) process.env[n] = "";
+    const unset = new FencepostClient(target(), { timeoutMs: 10_000 });
+    try {
+      assert.equal(await explicit.get(unique("ts/tls")), null);
+      assert.equal(await unset.get(unique("ts/tls")), null);
+    } finally {
+      explicit.close();
+      unset.close();
+    }
+  } finally {
+    restore();
+  }
 });

@@ -5,7 +5,7 @@ import { test } from "node:test";
 
 import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
-import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary } from "../src";
+import { FencepostClient, FencepostError, NO_RETRY, RetryPolicy, UnaryMethod, callUnary, fromServiceError, ledger } from "../src";
 
 const fast: RetryPolicy = { maxAttempts: 5, initialBackoffMs: 1, maxBackoffMs: 2, multiplier: 2 };
 
@@ -113,4 +113,108 @@ test("a client's calls have the Python SDK's default deadline (30 s) unless told
   } finally {
     for (const fp of clients) fp.close();
   }
+});
+
+test("a TTL of a fraction of a millisecond is sent as a valid Duration (whole nanos)", async () => {
+  // a third of 10 s is 3333.3333333333335 ms: its nanos were not a whole
+  // number, and encoding the request failed (INTERNAL, nothing sent)
+  const sent: { seconds: string; nanos: number }[] = [];
+  const encodeAndAnswer: UnaryMethod<ledger.AcquireLeaseRequest, unknown> = (req, _md, _opts, cb) => {
+    const wire = ledger.AcquireLeaseRequest.decode(ledger.AcquireLeaseRequest.encode(req).finish());
+    sent.push(wire.ttl!);
+    cb(null, { lease: { generation: "1" } });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { token: "" });
+  (fp as unknown as { ledger: unknown }).ledger = { acquireLease: encodeAndAnswer, renewLease: encodeAndAnswer };
+  try {
+    await fp.acquireLease("sid", "A", (10 / 3) * 1000);
+    await fp.renewLease("sid", "1", "A", 1000.4);
+    await fp.renewLease("sid", "1", "A", 2999.9999999);
+    await fp.acquireLease("sid", "A", 10_000);
+    await fp.acquireLease("sid", "A", 0.0004);
+    assert.deepEqual(sent, [
+      { seconds: "3", nanos: 333_333_333 },
+      { seconds: "1", nanos: 400_000 },
+      { seconds: "3", nanos: 0 },
+      { seconds: "10", nanos: 0 },
+      { seconds: "0", nanos: 400 },
+    ]);
+  } finally {
+    fp.close();
+  }
+});
+
+test("a commit sent without a commit id is never resent; with one (filled in when absent) it is, under the same id", async () => {
+  // Without an id, a resend of a commit whose first attempt applied answers
+  // SEQUENCE_MISMATCH (or INBOX_ENTRY_GONE) against the caller's own commit.
+  const ids: string[] = [];
+  const unavailable: UnaryMethod<ledger.CommitRequest, unknown> = (req, _md, _opts, cb) => {
+    ids.push(req.commitId);
+    const code = status.UNAVAILABLE;
+    cb(Object.assign(new Error("UNAVAILABLE"), { code, details: "UNAVAILABLE", metadata: new Metadata() }) as ServiceError, undefined);
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { retry: fast, token: "" });
+  (fp as unknown as { ledger: unknown }).ledger = { commit: unavailable };
+  try {
+    const unavailableCode = (e: FencepostError) => e.code === status.UNAVAILABLE;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")], { commitId: "" }), unavailableCode);
+    assert.deepEqual(ids, [""]);
+    ids.length = 0;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")]), unavailableCode);
+    assert.equal(ids.length, fast.maxAttempts);
+    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), String(ids));
+    ids.length = 0;
+    await assert.rejects(fp.commit("sid", "1", "0", [Buffer.from("r")], { commitId: "turn-7" }), unavailableCode);
+    assert.deepEqual(ids, Array(fast.maxAttempts).fill("turn-7"));
+  } finally {
+    fp.close();
+  }
+});
+
+test("a call's metadata replaces the client's under the same key (a per-call token is the one sent)", async () => {
+  // Both were sent, the client's first, and the server reads the first
+  // authorization: a per-call token was ignored and the call ran as the
+  // client's (FENCEPOST_TOKEN's) identity.
+  const seen: Metadata[] = [];
+  const get: UnaryMethod<unknown, unknown> = (_req, md, _opts, cb) => {
+    seen.push(md);
+    cb(null, { found: false, value: Buffer.alloc(0), version: "" });
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { token: "client-token", metadata: { "x-team": "a", "x-keep": "k" } });
+  (fp as unknown as { kv: unknown }).kv = { get };
+  try {
+    await fp.get("k", { metadata: { authorization: "Bearer call-token", "X-Team": "b" } });
+    await fp.get("k");
+    const [call, plain] = seen;
+    assert.deepEqual(call.get("authorization"), ["Bearer call-token"]);
+    assert.deepEqual(call.get("x-team"), ["b"]);
+    assert.deepEqual(call.get("x-keep"), ["k"]);
+    assert.deepEqual(plain.get("authorization"), ["Bearer client-token"]);
+    assert.deepEqual(plain.get("x-team"), ["a"]);
+  } finally {
+    fp.close();
+  }
+});
+
+test("a status-details trailer that does not decode still makes a FencepostError with the call's code", async () => {
+  // Decoding threw from inside grpc-js's status callback (a proxy's or a
+  // broken server's trailer): the call's promise never settled and the
+  // exception escaped as an uncaught one.
+  const md = new Metadata();
+  md.set("grpc-status-details-bin", Buffer.from([0xff, 0xff, 0xff]));
+  const broken = { code: status.UNAVAILABLE, details: "upstream reset", metadata: md } as unknown as ServiceError;
+  const err = fromServiceError(broken);
+  assert.ok(err instanceof FencepostError);
+  assert.deepEqual([err.code, err.reasonString, err.detail], [status.UNAVAILABLE, "", "upstream reset"]);
+  let calls = 0;
+  const method: UnaryMethod<string, string> = (_req, _md, _opts, cb) => {
+    calls++;
+    setImmediate(() => cb(broken, ""));
+    return {} as ReturnType<UnaryMethod<string, string>>;
+  };
+  await assert.rejects(callUnary(method, "r", true, { retry: fast }), (e: unknown) => e instanceof FencepostError && e.code === status.UNAVAILABLE);
+  assert.equal(calls, fast.maxAttempts); // still UNAVAILABLE: retried as any other
 });

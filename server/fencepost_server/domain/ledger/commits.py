@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import MAX_TXN_OPS, Check, CountKeys, Delete, Expect, Put, StorageError, Write, key_bytes
+from ...storage import (
+    MAX_TXN_BYTES, MAX_TXN_OPS, Check, CountKeys, Delete, Expect, InvalidTransaction, Put, StorageError, Write, key_bytes,
+)
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
 from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended
@@ -123,6 +125,14 @@ class CommitMethods(ActivityMethods):
             # One backend call: the pending count comes back with the write.
             try:
                 res = await self.storage.transact(conds, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
+            except InvalidTransaction as exc:
+                if exc.limit != MAX_TXN_BYTES or exc.size is None:
+                    raise
+                # A backend's own count of the stored form (DynamoDB's counts
+                # attribute names too) refused what the count above let
+                # through: nothing was written; Commit's refusal all the same.
+                raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit as stored", exc.limit, exc.size,
+                                  field="records") from exc
             except StorageError:
                 self.remember_activity(sk, None)  # the outcome is unknown: re-read next time
                 raise
