@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2
 
+from . import reasons
 from ._call import paged
 from .errors import LeaseFenced
 from .v1 import ledger_pb2 as pb
@@ -298,7 +300,8 @@ class LedgerMethods:
 class Session:
     """Holds one session's lease: acquires, renews in the background every
     ttl/3, commits on the current head, and stops the holder's work with
-    `LeaseFenced` once the lease is lost (a renew or a commit was fenced).
+    `LeaseFenced` once the lease is lost (a renew or a commit was fenced, or
+    no renewal got through for a whole TTL).
 
         async with client.session(sid, "worker-1") as s:
             async for event in s.inbox():
@@ -322,25 +325,41 @@ class Session:
         self._work: set[asyncio.Task[Any]] = set()
 
     async def acquire(self) -> Session:
+        renewed = time.monotonic()  # the TTL runs from (no earlier than) the request
         lease = await self.client.acquire_lease(self.session_id, self.holder_id, ttl=self.ttl)
         self.generation, self.fenced = lease.generation, None
-        info = await self.client.get_session(self.session_id)
+        try:
+            info = await self.client.get_session(self.session_id)
+        except BaseException:
+            # not holding it for nobody until the TTL runs out: give it back if the server lets us
+            with contextlib.suppress(Exception):
+                await self.client.release_lease(self.session_id, self.generation, force=True)
+            raise
         self.seq, self.pending = info.seq, info.pending
-        self._renewer = asyncio.create_task(self._renew_loop())
+        self._renewer = asyncio.create_task(self._renew_loop(renewed))
         return self
 
-    async def _renew_loop(self) -> None:
+    async def _renew_loop(self, renewed: float) -> None:
         while True:
             await asyncio.sleep(self.ttl / 3)
+            sent = time.monotonic()
             try:
                 await self.client.renew_lease(
                     self.session_id, self.generation, ttl=self.ttl, holder_id=self.holder_id
                 )
+                renewed = sent
             except LeaseFenced as exc:
                 self._lost(exc)
                 return
-            except Exception:  # transient: the next tick retries (renew is idempotent)
-                continue
+            except Exception as exc:  # the next tick retries (renew is idempotent)...
+                if time.monotonic() - renewed < self.ttl:
+                    continue
+                # ...until the TTL has run out unrenewed: another holder may own it now
+                self._lost(LeaseFenced(
+                    f"the lease was not renewed within its ttl of {self.ttl} s (last error: {exc})",
+                    reason=reasons.LEASE_FENCED,
+                ))
+                return
 
     def _lost(self, exc: LeaseFenced) -> None:
         self.fenced = exc

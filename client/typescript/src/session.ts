@@ -2,9 +2,12 @@
 // does. It acquires, renews in the background every third of the TTL,
 // commits on the current head, and stops for good on LEASE_FENCED (from a
 // renewal or a commit): `fenced` is set, `signal` aborts, and every later
-// commit throws that error. Other renewal failures are transient: the next
-// tick retries (a renewal is idempotent), and a takeover meanwhile shows up
-// as LEASE_FENCED.
+// commit throws that error. Other renewal failures: the next tick retries (a
+// renewal is idempotent), and a takeover meanwhile shows up as LEASE_FENCED;
+// once no renewal has got through for a whole TTL, another holder may own
+// the session, so the holder stops as if fenced.
+import { status } from "@grpc/grpc-js";
+
 import { FencepostClient } from "./client";
 import { ErrorReason, FencepostError, isReason } from "./errors";
 import { CallOptions } from "./call";
@@ -26,6 +29,8 @@ export class LeasedSession {
   private readonly controller = new AbortController();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
+  /** When the last granted request (acquire or renewal) was sent: the TTL runs from no earlier. */
+  private renewedAt: number;
 
   private constructor(
     readonly client: FencepostClient,
@@ -33,16 +38,26 @@ export class LeasedSession {
     readonly options: LeasedSessionOptions,
     generation: string,
     seq: string,
+    grantedAt: number,
   ) {
+    this.renewedAt = grantedAt;
     this.generation = generation;
     this.seq = seq;
   }
 
   /** Acquire the lease (LEASE_HELD when another holder has it) and start renewing. */
   static async acquire(client: FencepostClient, sessionId: string, options: LeasedSessionOptions): Promise<LeasedSession> {
+    const sent = Date.now();
     const lease = await client.acquireLease(sessionId, options.holderId, options.ttlMs);
-    const head = await client.getSession(sessionId);
-    const session = new LeasedSession(client, sessionId, options, lease.generation, head.seq);
+    let head;
+    try {
+      head = await client.getSession(sessionId);
+    } catch (err) {
+      // not holding it for nobody until the TTL runs out: give it back if the server lets us
+      await client.releaseLease(sessionId, lease.generation, true).catch(() => undefined);
+      throw err;
+    }
+    const session = new LeasedSession(client, sessionId, options, lease.generation, head.seq, sent);
     session.schedule();
     return session;
   }
@@ -62,17 +77,28 @@ export class LeasedSession {
   }
 
   private async renewOnce(): Promise<void> {
+    const sent = Date.now();
     try {
       await this.client.renewLease(this.sessionId, this.generation, this.options.holderId, this.options.ttlMs, {
         timeoutMs: this.renewEveryMs,
       });
       this.renewals += 1;
+      this.renewedAt = sent;
     } catch (err) {
       if (isReason(err, ErrorReason.LEASE_FENCED)) {
         this.lost(err);
         return;
       }
-      // transient (UNAVAILABLE past the retries, a deadline): the next tick tries again
+      if (Date.now() - this.renewedAt >= this.options.ttlMs) {
+        const last = err instanceof Error ? err.message : String(err);
+        this.lost(new FencepostError({
+          code: status.FAILED_PRECONDITION,
+          reason: "LEASE_FENCED",
+          message: `the lease was not renewed within its ttl of ${this.options.ttlMs} ms (last error: ${last})`,
+        }, { cause: err }));
+        return;
+      }
+      // the lease may still be alive (UNAVAILABLE past the retries, a deadline): the next tick tries again
     }
     this.schedule();
   }

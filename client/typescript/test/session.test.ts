@@ -6,7 +6,7 @@ import { after, test } from "node:test";
 
 import { status } from "@grpc/grpc-js";
 
-import { ErrorReason, LeasedSession } from "../src";
+import { ErrorReason, FencepostError, LeasedSession } from "../src";
 import { expectReason, newClient, unique } from "./support";
 
 const fp = newClient();
@@ -60,4 +60,45 @@ test("a commit that meets the takeover first stops the session too", async () =>
   assert.equal(a.signal.aborted, true);
   assert.equal(a.fenced, fenced);
   await a.release(); // nothing to release once fenced: no call, no error
+});
+
+// A ledger that grants the lease and then fails as told (what a live server does not do on its own).
+function flakyLedger(fail: { renew?: Error; head?: Error }) {
+  const calls = { renewals: 0, released: [] as string[] };
+  const ledger = {
+    acquireLease: async () => ({ generation: "7" }),
+    getSession: async () => {
+      if (fail.head) throw fail.head;
+      return { seq: "0" };
+    },
+    renewLease: async () => {
+      calls.renewals += 1;
+      if (fail.renew) throw fail.renew;
+      return { generation: "7" };
+    },
+    releaseLease: async (_sid: string, generation: string) => {
+      calls.released.push(generation);
+      return "0";
+    },
+  };
+  return { ledger: ledger as unknown as typeof fp, calls };
+}
+
+test("renewals failing for a whole TTL stop the holder as fenced: another holder may own the session", async () => {
+  const gone = new FencepostError({ code: status.UNAVAILABLE, message: "server gone" });
+  const { ledger, calls } = flakyLedger({ renew: gone });
+  const s = await LeasedSession.acquire(ledger, "sid", { holderId: "A", ttlMs: 300 });
+  await until("the holder to stop", () => s.fenced !== null);
+  assert.equal(s.fenced?.reason, ErrorReason.LEASE_FENCED);
+  assert.match(s.fenced?.message ?? "", /server gone/);
+  assert.equal(s.signal.aborted, true);
+  assert.ok(calls.renewals >= 2, "it kept trying while the lease could still be alive");
+  await assert.rejects(s.commit([enc("late")]), (err: unknown) => err === s.fenced);
+});
+
+test("a failed read right after the grant gives the lease back", async () => {
+  const gone = new FencepostError({ code: status.UNAVAILABLE, message: "server gone" });
+  const { ledger, calls } = flakyLedger({ head: gone });
+  await assert.rejects(LeasedSession.acquire(ledger, "sid", { holderId: "A", ttlMs: 30_000 }), (err: unknown) => err === gone);
+  assert.deepEqual(calls.released, ["7"]);
 });
