@@ -15,7 +15,9 @@ Workers share nothing in memory. They are replicas like DynamoDB replicas:
 
 The supervisor forwards SIGTERM / SIGINT (graceful drain in every worker) and
 SIGHUP (token reload in every worker), restarts a worker that dies (logged),
-and relays the workers' output. Workers die with the supervisor (a kill -9 of
+and relays the workers' output. A worker whose first start fails with exit 2
+or 3 (a configuration this machine cannot run) stops the server with that
+code, as one process would exit. Workers die with the supervisor (a kill -9 of
 the supervisor takes the whole server down, as for one process). Each worker
 serves its own health and, with `--metrics-listen host:port`, its own
 `/metrics` on port + worker index.
@@ -45,6 +47,9 @@ log = logging.getLogger("fencepost.workers")
 #: a worker that dies sooner than this after its start is restarted after a pause
 _RESTART_PAUSE = 1.0
 _PR_SET_PDEATHSIG = 1
+#: a worker's exit codes for "this configuration cannot run" (cli.Exit.USAGE, START_FAILED)
+_USAGE, _START_FAILED = 2, 3
+_CANNOT_START = (_USAGE, _START_FAILED)
 READY_LINE = b"fencepost serving on"
 
 
@@ -89,6 +94,8 @@ class _Worker:
     ready: bool = False
     #: a SIGHUP came while the worker was starting: sent once it serves
     reload_owed: bool = False
+    #: the replacement of a worker that died (not the server's first start of this index)
+    restart: bool = False
 
 
 class Supervisor:
@@ -100,6 +107,8 @@ class Supervisor:
         self.stopping = False
         self._selector = selectors.DefaultSelector()
         self._reserved: socket.socket | None = None
+        #: the supervisor's exit code: a worker's when its first start failed
+        self.exit_code = 0
 
     def run(self) -> int:
         self.settings = replace(self.settings, listen=self._fixed_listen(), reuse_port=True)
@@ -124,7 +133,7 @@ class Supervisor:
                     w.proc.kill()
             if self._reserved is not None:
                 self._reserved.close()
-        return 0
+        return self.exit_code
 
     def _fixed_listen(self) -> str:
         """Port 0 means "any free port": pick one here so every worker binds the
@@ -139,7 +148,7 @@ class Supervisor:
         self._reserved = sock
         return f"{host}:{sock.getsockname()[1]}"
 
-    def _start(self, index: int) -> None:
+    def _start(self, index: int, *, restart: bool = False) -> None:
         # the table is created once, by the first worker
         config = (replace(self.settings, metrics_listen=_metrics_listen(self.settings.metrics_listen, index)),
                   self.create_table and index == 0, logging.getLogger().level, _json_logs())
@@ -151,10 +160,13 @@ class Supervisor:
         proc.stdin.write(pickle.dumps(config))
         proc.stdin.close()
         os.set_blocking(proc.stdout.fileno(), False)
-        worker = _Worker(index, proc, time.monotonic())
+        worker = _Worker(index, proc, time.monotonic(), restart=restart)
         self._selector.register(proc.stdout, selectors.EVENT_READ, worker)
         self.workers[index] = worker
         print(f"fencepost worker {index} started (pid {proc.pid})", flush=True)
+        if self.stopping:  # the stop came while it was being started: it gets it too
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
 
     def _pump(self, timeout: float) -> None:
         """Relay the workers' output line by line (a worker's lines never interleave)."""
@@ -190,10 +202,20 @@ class Supervisor:
             del self.workers[index]
             if self.stopping:
                 continue
+            if code in _CANNOT_START and not worker.ready and not worker.restart:
+                # the configuration cannot run here (its cause is the worker's
+                # log line): fail as one process would, never restart forever
+                log.error("worker %d (pid %d) could not start (exit %d); stopping the server",
+                          index, worker.proc.pid, code)
+                self.exit_code = code
+                self._on_stop(signal.SIGTERM, None)
+                continue
             log.warning("worker %d (pid %d) exited with code %s; restarting it", index, worker.proc.pid, code)
-            if time.monotonic() - worker.started < _RESTART_PAUSE:
+            if not worker.ready or time.monotonic() - worker.started < _RESTART_PAUSE:
                 time.sleep(_RESTART_PAUSE)  # crash loop: do not spin
-            self._start(index)
+            if self.stopping:  # stopped during the pause: every worker was told, start none
+                continue
+            self._start(index, restart=True)
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers.values():
@@ -260,9 +282,9 @@ def _worker_main() -> int:
     try:
         tracing_line = tracing.configure_from_env()  # checked by the supervisor already
         return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
-    except (ConfigError, StartFailure) as exc:  # logged; the supervisor restarts the worker
+    except (ConfigError, StartFailure) as exc:  # logged; the supervisor stops (first start) or restarts it
         log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
-        return 3
+        return _USAGE if isinstance(exc, ConfigError) else _START_FAILED
     finally:
         tracing.shutdown()
 

@@ -43,7 +43,13 @@ def _start(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[byt
              "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2", "--grace", "2", *extra],
             stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    _wait_for(lambda: out.read_text().count("fencepost serving on") == 2, "two workers")
+
+    def serving() -> bool:
+        if proc.poll() is not None:  # it gave up: say why instead of waiting out the timeout
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}")
+        return out.read_text().count("fencepost serving on") == 2
+
+    _wait_for(serving, "two workers")
     # each worker's banner says whose it is (two identical lines told nothing)
     assert {f"[worker {i}] fencepost serving on" in out.read_text() for i in (0, 1)} == {True}
     return proc, out
@@ -149,3 +155,37 @@ def test_uvloop_is_the_default_and_no_uvloop_turns_it_off() -> None:
 
     assert run_loop(on_uvloop(), use_uvloop=True) == 1
     assert run_loop(on_uvloop(), use_uvloop=False) == 0
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_exit_code(tmp_path: Path) -> None:
+    """A start failure is the same with --workers as without: exit 3 and the
+    cause, not workers restarted forever on a file that will never open."""
+    not_a_db = tmp_path / "notdb"
+    not_a_db.write_bytes(b"garbage, not a database" * 100)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{not_a_db}", "--workers", "2"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert res.returncode == 3, (res.returncode, res.stderr)
+    assert "file is not a database" in res.stderr
+    assert "restarting" not in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_stop_during_a_restart_pause_starts_no_new_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM while the supervisor waits to restart a crashed worker: the
+    replacement would be started after the stop was sent to every worker,
+    never get it, and keep the supervisor (and the port) alive forever."""
+    from fencepost_server import workers
+    from fencepost_server.config import Settings
+
+    sup = workers.Supervisor(Settings(backend="sqlite:///unused.db"), 2, False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    sup.workers[0] = workers._Worker(0, dead, time.monotonic(), ready=True)  # type: ignore[arg-type]
+    monkeypatch.setattr(workers.time, "sleep", lambda _s: sup._on_stop(signal.SIGTERM, None))
+    started: list[int] = []
+    monkeypatch.setattr(sup, "_start", started.append)
+    sup._reap()
+    assert started == [] and sup.workers == {}
