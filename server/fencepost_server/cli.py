@@ -178,7 +178,7 @@ def _preflight(args: argparse.Namespace) -> Settings:
     then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
     check_config(settings, insecure=args.insecure)
-    if args.create_table and not (settings.backend or "").startswith("dynamodb://"):
+    if args.create_table and settings.backend_scheme() != "dynamodb":
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
     refused = workers.refusal(settings, args.workers)
     if refused:

@@ -69,7 +69,7 @@ def refusal(settings: Settings, workers: int) -> str | None:
     """Why `workers` processes cannot serve these settings (None when they can)."""
     if workers < 1:
         return f"--workers must be at least 1 (got {workers})"
-    if workers > 1 and settings.backend_url().startswith("memory:"):
+    if workers > 1 and settings.backend_scheme() == "memory":
         return ("--workers > 1 needs a shared backend (sqlite or dynamodb): "
                 "each worker of memory:// would hold its own separate data")
     return None

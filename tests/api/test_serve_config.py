@@ -195,6 +195,16 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
                    "--create-table", "dynamodb://")
 
 
+def test_create_table_accepts_a_dynamodb_scheme_in_any_case() -> None:
+    """The backend accepts DynamoDB://T (URL schemes are case-insensitive), so
+    --create-table must too."""
+    from fencepost_server.cli import _preflight, build_parser
+
+    args = build_parser().parse_args(["serve", "--create-table", "--backend", "DynamoDB://t?region=us-east-1",
+                                      "--listen", "127.0.0.1:0"])
+    assert _preflight(args).backend == "DynamoDB://t?region=us-east-1"
+
+
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:
     assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
 

@@ -127,7 +127,10 @@ def test_sighup_reloads_tokens_in_every_worker(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0
 
 
-@pytest.mark.parametrize("argv", [["--backend", "memory://", "--workers", "2"], ["--workers", "0"]])
+@pytest.mark.parametrize("argv", [["--backend", "memory://", "--workers", "2"], ["--workers", "0"],
+                                  # URL schemes are case-insensitive: this is memory:// too
+                                  ["--backend", "MEMORY://", "--workers", "2"],
+                                  ["--backend", "Memory://x", "--workers", "2"]])
 def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: list[str]) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
