@@ -54,6 +54,10 @@ def busy_port() -> Iterator[int]:
     pytest.param("postgres://x", "'postgres'", "sqlite://", id="unknown-scheme"),
     pytest.param("sqlite://", "a path", "sqlite:///", id="sqlite-without-path"),
     pytest.param("dynamodb://", "a table", "dynamodb://TABLE", id="dynamodb-without-table"),
+    # a typo must not quietly run with another durability than asked for (SQLite reads
+    # an unknown synchronous value as NORMAL, and an unknown parameter was ignored)
+    pytest.param("sqlite:///x.db?synchronous=ful", "'ful'", "FULL", id="sqlite-synchronous-unknown"),
+    pytest.param("sqlite:///x.db?synchronus=OFF", "synchronus", "synchronous", id="sqlite-parameter-unknown"),
 ])
 def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: str) -> None:
     # names the flag, the problem, and a form that would have worked
