@@ -270,6 +270,13 @@ def _worker_main() -> int:
     if json_logs:
         from .observability import JsonFormatter
 
+        index = int(os.environ.get("FENCEPOST_WORKER", "-1"))
+
+        def name_the_worker(record: logging.LogRecord) -> bool:
+            record.worker = index  # a field of every JSON line, as worker-i is of a text one
+            return True
+
+        handler.addFilter(name_the_worker)
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(

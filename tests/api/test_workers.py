@@ -192,3 +192,22 @@ def test_a_stop_during_a_restart_pause_starts_no_new_worker(monkeypatch: pytest.
     monkeypatch.setattr(sup, "_start", started.append)
     sup._reap()
     assert started == [] and sup.workers == {}
+
+
+def test_json_log_lines_of_a_worker_name_it(tmp_path: Path) -> None:
+    """With --log-format json a worker's log lines carry "worker": i, as its
+    text lines carry worker-i (which of N processes said it)."""
+    import json
+
+    not_a_db = tmp_path / "notdb"
+    not_a_db.write_bytes(b"garbage, not a database" * 100)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{not_a_db}", "--workers", "2", "--log-format", "json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = [json.loads(line) for line in res.stderr.splitlines()]
+    failures = [doc for doc in lines if "cannot start" in doc["msg"]]
+    assert failures, res.stderr
+    for doc in failures:
+        assert doc["msg"].startswith(f"worker {doc.get('worker')} cannot start"), doc
