@@ -188,8 +188,21 @@ def _preflight(args: argparse.Namespace) -> Settings:
                           "gRPC and /metrics need ports of their own (metrics: port + worker index)")
     check_listen(settings.listen, "--listen")
     if settings.metrics_listen:
-        check_listen(settings.metrics_listen, "--metrics-listen")
+        for listen in _metrics_ports(settings.metrics_listen, args.workers):
+            check_listen(listen, "--metrics-listen")
     return settings
+
+
+def _metrics_ports(metrics: str, workers: int) -> list[str]:
+    """The /metrics address of each worker (port + worker index; port 0: any free one)."""
+    host, _, port = metrics.rpartition(":")
+    if int(port) == 0:
+        return [metrics]
+    last = int(port) + workers - 1
+    if last > 65535:
+        raise ConfigError(f"arguments --metrics-listen {metrics} and --workers {workers}: worker i serves "
+                          f"/metrics on port + i, and {last} is past 65535")
+    return [f"{host}:{int(port) + i}" for i in range(workers)]
 
 
 def _overlap(listen: str, metrics: str, workers: int) -> bool:

@@ -299,3 +299,14 @@ def test_metrics_on_the_grpc_port(tmp_path: Path, listen: str, metrics: str, wor
     fill = {"p": p, "q": p - 1}
     assert_refused(serve("--listen", listen.format(**fill), "--metrics-listen", metrics.format(**fill),
                          "--workers", workers, cwd=tmp_path), USAGE, "--listen", "--metrics-listen")
+
+
+def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path, busy_port: int) -> None:
+    """Worker i serves /metrics on port + i: a port past 65535 (a traceback in
+    the worker, restarted forever) or a taken one is refused before any worker
+    starts, as the first worker's port is."""
+    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:65535", "--workers", "2", cwd=tmp_path)
+    assert_refused(res, USAGE, "--metrics-listen", "--workers", "65536")
+    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port - 1}", "--workers", "2",
+                cwd=tmp_path)
+    assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
