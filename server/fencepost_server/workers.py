@@ -154,7 +154,8 @@ class Supervisor:
                   self.create_table and index == 0, logging.getLogger().level, _json_logs())
         proc = subprocess.Popen(
             [sys.executable, "-m", "fencepost_server.workers"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "FENCEPOST_WORKER": str(index)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "FENCEPOST_WORKER": str(index), "FENCEPOST_SUPERVISOR_PID": str(os.getpid())},
         )
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(pickle.dumps(config))
@@ -259,7 +260,10 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the supervisor died before we asked
+    # the supervisor died before we asked: we were handed to pid 1 or to a
+    # subreaper (tini -s, a container runtime), either way not our supervisor
+    supervisor = int(os.environ.get("FENCEPOST_SUPERVISOR_PID") or 0)
+    if os.getppid() == 1 or (supervisor and os.getppid() != supervisor):
         os._exit(1)
 
 

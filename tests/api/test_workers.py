@@ -211,3 +211,19 @@ def test_json_log_lines_of_a_worker_name_it(tmp_path: Path) -> None:
     assert failures, res.stderr
     for doc in failures:
         assert doc["msg"].startswith(f"worker {doc.get('worker')} cannot start"), doc
+
+
+def test_a_worker_whose_supervisor_is_gone_before_it_asked_to_die_with_it_exits() -> None:
+    """The supervisor may die before a new worker sets its parent-death signal.
+    The orphan's new parent is not always pid 1 (a subreaper: tini -s, a
+    container runtime, systemd --user): the worker compares with the pid of
+    the supervisor that started it."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no one's parent now
+    res = subprocess.run(
+        [sys.executable, "-c", "from fencepost_server.workers import _die_with_parent; _die_with_parent(); "
+                               "print('still running')"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "FENCEPOST_SUPERVISOR_PID": str(gone.pid)},
+    )
+    assert res.returncode == 1 and "still running" not in res.stdout
