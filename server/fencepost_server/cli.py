@@ -15,7 +15,7 @@ from fencepost.cli.args import (
     Parser,
     add_version_flag,
     host_port,
-    int_at_least,
+    int_between,
     log_level,
     non_negative_seconds,
     positive_int,
@@ -43,8 +43,9 @@ class Exit:
 
 # A page of a listing is at most half the message limit, and one entry of the
 # largest key and value (256 KiB) must fit in a page: below this some stored
-# items could be written but never listed.
-_MESSAGE_BYTES = int_at_least(1024 * 1024, "1 MiB: a largest key and value must fit in one list page, half of it")
+# items could be written but never listed. gRPC takes the limit as a 32-bit int.
+_MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and value must fit in one list page, "
+                                                     "half of it; gRPC's limit is a 32-bit integer")
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:

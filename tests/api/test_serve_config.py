@@ -73,6 +73,8 @@ def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: s
     pytest.param("--grace", "nan", ">= 0", id="grace-nan"),
     pytest.param("--max-receive-bytes", "0", ">= 1048576", id="max-receive-bytes-zero"),
     pytest.param("--max-receive-bytes", "1048575", "list page", id="max-receive-bytes-under-a-page"),
+    # gRPC's limit is a 32-bit int: past it the server failed with "unexpected OverflowError", exit 1
+    pytest.param("--max-receive-bytes", "2147483648", "<= 2147483647", id="max-receive-bytes-over-int32"),
     pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
     pytest.param("--retention-seconds", "0", "> 0", id="retention-seconds-zero"),  # passes back to back
 ])
