@@ -201,6 +201,19 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
                    "--create-table", "dynamodb://")
 
 
+def test_create_table_that_fails_is_a_start_failure(tmp_path: Path) -> None:
+    """--create-table must create the table: when it cannot (endpoint down,
+    credentials refused) that is this machine's problem, exit 3 with the
+    cause, not "unexpected EndpointConnectionError" (exit 1, "a bug")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once closed
+    res = serve("--listen", "127.0.0.1:0", "--create-table", "--log-level", "WARNING",
+                "--backend", f"dynamodb://t?region=us-east-1&endpoint=http://127.0.0.1:{closed}&attempts=1",
+                cwd=tmp_path, prefix=("env", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=y"))
+    assert_refused(res, START_FAILED, "--create-table", "endpoint unreachable")
+
+
 def test_create_table_accepts_a_dynamodb_scheme_in_any_case() -> None:
     """The backend accepts DynamoDB://T (URL schemes are case-insensitive), so
     --create-table must too."""
