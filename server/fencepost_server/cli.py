@@ -224,6 +224,10 @@ def _tracing_from_env() -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    # SIGHUP's default action kills: from here on it never does. Until the
+    # server (or the supervisor) installs its reload handler a SIGHUP has
+    # nothing to reload: the identity files are read after that handler exists.
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
     settings = _preflight(args)
     tracing_line = _tracing_from_env()
     try:
