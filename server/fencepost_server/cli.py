@@ -160,10 +160,11 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     if app.backend_problem:
         backend += f" (NOT SERVING until it answers: {app.backend_problem})"
     extra = f" — {tracing_line}" if tracing_line else ""
-    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
+    # before the start-up line: whoever waits for it may stop the server at once
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
     if app.metrics_port is not None:
         print(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics",
               flush=True)
