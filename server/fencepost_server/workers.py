@@ -15,9 +15,9 @@ Workers share nothing in memory. They are replicas like DynamoDB replicas:
 
 The supervisor forwards SIGTERM / SIGINT (graceful drain in every worker) and
 SIGHUP (token reload in every worker), restarts a worker that dies (logged),
-and relays the workers' output. A worker whose first start fails with exit 2
-or 3 (a configuration this machine cannot run) stops the server with that
-code, as one process would exit. Workers die with the supervisor (a kill -9 of
+and relays the workers' output. A worker whose first start fails with exit 1,
+2 or 3 (a bug, or a configuration this machine cannot run) stops the server
+with that code, as one process would exit. Workers die with the supervisor (a kill -9 of
 the supervisor takes the whole server down, as for one process). Each worker
 serves its own health and, with `--metrics-listen host:port`, its own
 `/metrics` on port + worker index.
@@ -47,9 +47,10 @@ log = logging.getLogger("fencepost.workers")
 #: a worker that dies sooner than this after its start is restarted after a pause
 _RESTART_PAUSE = 1.0
 _PR_SET_PDEATHSIG = 1
-#: a worker's exit codes for "this configuration cannot run" (cli.Exit.USAGE, START_FAILED)
-_USAGE, _START_FAILED = 2, 3
-_CANNOT_START = (_USAGE, _START_FAILED)
+#: a worker's exit codes when it cannot start (cli.Exit.ERROR, USAGE, START_FAILED): a
+#: configuration this machine cannot run, or a bug that one process would exit 1 on
+_ERROR, _USAGE, _START_FAILED = 1, 2, 3
+_CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
 READY_LINE = b"fencepost serving on"
 
 
@@ -296,6 +297,11 @@ def _worker_main() -> int:
     except (ConfigError, StartFailure) as exc:  # logged; the supervisor stops (first start) or restarts it
         log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
         return _USAGE if isinstance(exc, ConfigError) else _START_FAILED
+    except Exception as exc:  # as `fencepost serve` does: one line, the traceback only at DEBUG
+        log.debug("failed", exc_info=exc)
+        log.error("worker %s failed: unexpected %s: %s", os.environ.get("FENCEPOST_WORKER", "?"),
+                  type(exc).__name__, exc)
+        return _ERROR
     finally:
         tracing.shutdown()
 

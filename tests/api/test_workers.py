@@ -227,3 +227,28 @@ def test_a_worker_whose_supervisor_is_gone_before_it_asked_to_die_with_it_exits(
         env={**os.environ, "FENCEPOST_SUPERVISOR_PID": str(gone.pid)},
     )
     assert res.returncode == 1 and "still running" not in res.stdout
+
+
+def test_a_worker_that_fails_unexpectedly_at_its_first_start_stops_the_server(tmp_path: Path) -> None:
+    """An unexpected failure (exit 1, a bug) before a worker ever served ends
+    the server as it ends one process: one line, exit 1, no traceback without
+    --log-level DEBUG, and no worker restarted forever on the same bug."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('FENCEPOST_WORKER') == '1':\n"
+        "    import fencepost_server.cli as cli\n"
+        "    async def broken(*args, **kwargs):\n"
+        "        raise RuntimeError('a bug in start-up')\n"
+        "    cli.serve = broken\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1",
+             "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert res.returncode == 1, (res.returncode, res.stderr)
+    assert "a bug in start-up" in res.stderr and "Traceback" not in res.stderr
+    assert "restarting" not in res.stderr
