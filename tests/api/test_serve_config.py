@@ -325,3 +325,29 @@ def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path, busy_port: in
     res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port - 1}", "--workers", "2",
                 cwd=tmp_path)
     assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_metrics_on_an_ipv6_address() -> None:
+    """--metrics-listen [::1]:PORT passes the flag check (IPv6 in brackets, as
+    for --listen) and must then serve: the brackets are URL syntax, not the
+    host ("cannot listen: Name or service not known", exit 3)."""
+    import urllib.request
+
+    from fencepost_server.observability import Metrics
+
+    metrics = Metrics()
+    port = metrics.serve("[::1]:0")
+    try:
+        assert b"fencepost_" in urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10).read()
+    finally:
+        metrics.stop()
