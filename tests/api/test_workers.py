@@ -55,13 +55,32 @@ def _start(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[byt
     return proc, out
 
 
+def _consecutive_free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 all free now (worker i serves /metrics on p + i)."""
+    import socket
+
+    for _ in range(100):
+        first = free_port()
+        try:
+            for port in range(first, first + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
 def _clients(port: int, token: str | None = None) -> list[fencepost.Client]:
     return [fencepost.Client(f"127.0.0.1:{port}", token=token, timeout=10, options=OWN_CONNECTION)
             for _ in range(CLIENTS)]
 
 
 def test_two_workers_share_one_file_restart_a_dead_one_and_drain(tmp_path: Path) -> None:
-    port, metrics = free_port(), free_port()
+    metrics = _consecutive_free_ports(2)
+    port = free_port()
+    while metrics <= port <= metrics + 1:
+        port = free_port()
     proc, out = _start(tmp_path, port, "--metrics-listen", f"127.0.0.1:{metrics}")
     try:
         workers = _children(proc.pid)
