@@ -164,15 +164,23 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
+    say(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}")
     if app.metrics_port is not None:
-        print(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics",
-              flush=True)
+        say(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics")
     await stop.wait()
-    print("fencepost draining…", flush=True)
+    say("fencepost draining…")
     await app.stop()
-    print("fencepost stopped", flush=True)
+    say("fencepost stopped")
     return Exit.OK
+
+
+def say(line: str) -> None:
+    """One line on stdout for whoever watches the server. A reader that has
+    gone (a log pipe that died) never stops it: the rest goes nowhere."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        workers.stdout_gone()
 
 
 def _preflight(args: argparse.Namespace) -> Settings:

@@ -58,4 +58,6 @@ async def ensure_table(storage: object) -> None:
         raise StartFailure(f"argument --create-table: cannot create the DynamoDB table "
                            f"{getattr(storage, 'table', '?')}: {describe(exc)}") from exc
     if created:
-        print(f"created DynamoDB table {getattr(storage, 'table', '?')}", flush=True)
+        from .cli import say
+
+        say(f"created DynamoDB table {getattr(storage, 'table', '?')}")

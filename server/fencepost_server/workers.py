@@ -165,7 +165,7 @@ class Supervisor:
         worker = _Worker(index, proc, time.monotonic(), restart=restart)
         self._selector.register(proc.stdout, selectors.EVENT_READ, worker)
         self.workers[index] = worker
-        print(f"fencepost worker {index} started (pid {proc.pid})", flush=True)
+        _write(b"fencepost worker %d started (pid %d)\n" % (index, proc.pid))
         if self.stopping:  # the stop came while it was being started: it gets it too
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -182,6 +182,7 @@ class Supervisor:
                 self._selector.unregister(key.fileobj)
                 continue
             *lines, worker.pending = (worker.pending + chunk).split(b"\n")
+            out = []
             for line in lines:
                 if not worker.ready and line.startswith(READY_LINE):
                     worker.ready = True
@@ -191,8 +192,8 @@ class Supervisor:
                             worker.proc.send_signal(signal.SIGHUP)
                 if line.startswith(b"fencepost "):  # its banners: say whose (log lines name it already)
                     line = b"[worker %d] " % worker.index + line
-                sys.stdout.buffer.write(line + b"\n")
-            sys.stdout.flush()
+                out.append(line + b"\n")
+            _write(b"".join(out))
 
     def _reap(self) -> None:
         for index, worker in list(self.workers.items()):
@@ -239,6 +240,25 @@ class Supervisor:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 worker.proc.send_signal(signal.SIGHUP)
+
+
+def _write(data: bytes) -> None:
+    """Out on stdout; a reader that has gone never stops the server."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+
+
+def stdout_gone() -> None:
+    """Nobody reads stdout any more: send it to /dev/null, so later lines (and
+    the interpreter's flush at exit) do not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _metrics_listen(listen: str | None, index: int) -> str | None:

@@ -126,3 +126,21 @@ def test_sigterm_right_after_the_ready_line_drains() -> None:
                          timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
     assert "fencepost stopped" in res.stdout
+
+
+def test_a_closed_stdout_does_not_stop_the_drain() -> None:
+    """Whoever read the start-up line may be gone by the stop (a log pipe that
+    died): "fencepost draining…" then failed with BrokenPipeError before the
+    drain, exit 1, in-flight calls cut and the backend never closed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0", "--backend", "memory://"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert "fencepost serving on" in proc.stdout.readline()
+    proc.stdout.close()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+    stderr = proc.stderr.read()
+    assert code == 0, stderr
+    assert "BrokenPipe" not in stderr
