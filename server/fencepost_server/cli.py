@@ -15,7 +15,7 @@ from fencepost.cli.args import (
     Parser,
     add_version_flag,
     host_port,
-    int_at_least,
+    int_between,
     log_level,
     non_negative_seconds,
     positive_int,
@@ -43,8 +43,9 @@ class Exit:
 
 # A page of a listing is at most half the message limit, and one entry of the
 # largest key and value (256 KiB) must fit in a page: below this some stored
-# items could be written but never listed.
-_MESSAGE_BYTES = int_at_least(1024 * 1024, "1 MiB: a largest key and value must fit in one list page, half of it")
+# items could be written but never listed. gRPC takes the limit as a 32-bit int.
+_MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and value must fit in one list page, "
+                                                     "half of it; gRPC's limit is a 32-bit integer")
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -159,18 +160,27 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     if app.backend_problem:
         backend += f" (NOT SERVING until it answers: {app.backend_problem})"
     extra = f" — {tracing_line}" if tracing_line else ""
-    print(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}", flush=True)
+    # before the start-up line: whoever waits for it may stop the server at once
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    say(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}")
     if app.metrics_port is not None:
-        print(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics",
-              flush=True)
+        say(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics")
     await stop.wait()
-    print("fencepost draining…", flush=True)
+    say("fencepost draining…")
     await app.stop()
-    print("fencepost stopped", flush=True)
+    say("fencepost stopped")
     return Exit.OK
+
+
+def say(line: str) -> None:
+    """One line on stdout for whoever watches the server. A reader that has
+    gone (a log pipe that died) never stops it: the rest goes nowhere."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        workers.stdout_gone()
 
 
 def _preflight(args: argparse.Namespace) -> Settings:
@@ -178,7 +188,7 @@ def _preflight(args: argparse.Namespace) -> Settings:
     then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
     check_config(settings, insecure=args.insecure)
-    if args.create_table and not (settings.backend or "").startswith("dynamodb://"):
+    if args.create_table and settings.backend_scheme() != "dynamodb":
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
     refused = workers.refusal(settings, args.workers)
     if refused:
@@ -188,8 +198,21 @@ def _preflight(args: argparse.Namespace) -> Settings:
                           "gRPC and /metrics need ports of their own (metrics: port + worker index)")
     check_listen(settings.listen, "--listen")
     if settings.metrics_listen:
-        check_listen(settings.metrics_listen, "--metrics-listen")
+        for listen in _metrics_ports(settings.metrics_listen, args.workers):
+            check_listen(listen, "--metrics-listen")
     return settings
+
+
+def _metrics_ports(metrics: str, workers: int) -> list[str]:
+    """The /metrics address of each worker (port + worker index; port 0: any free one)."""
+    host, _, port = metrics.rpartition(":")
+    if int(port) == 0:
+        return [metrics]
+    last = int(port) + workers - 1
+    if last > 65535:
+        raise ConfigError(f"arguments --metrics-listen {metrics} and --workers {workers}: worker i serves "
+                          f"/metrics on port + i, and {last} is past 65535")
+    return [f"{host}:{int(port) + i}" for i in range(workers)]
 
 
 def _overlap(listen: str, metrics: str, workers: int) -> bool:
@@ -210,6 +233,10 @@ def _tracing_from_env() -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    # SIGHUP's default action kills: from here on it never does. Until the
+    # server (or the supervisor) installs its reload handler a SIGHUP has
+    # nothing to reload: the identity files are read after that handler exists.
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
     settings = _preflight(args)
     tracing_line = _tracing_from_env()
     try:

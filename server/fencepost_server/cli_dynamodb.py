@@ -35,19 +35,29 @@ def _cmd_create_table(args: argparse.Namespace) -> int:
     try:
         created = asyncio.run(_create(args.table, args.endpoint, args.region))
     except Exception as exc:  # report any AWS / connection failure as a CLI error
-        print(f"fencepost: cannot create table {args.table}: {exc}", file=sys.stderr)
+        from .storage.dynamodb.errors import describe
+
+        print(f"fencepost: cannot create table {args.table}: {describe(exc)}", file=sys.stderr)
         return 1
     print(f"table {args.table} {'created' if created else 'already exists'} (TTL attribute expires_at)")
     return 0
 
 
 async def ensure_table(storage: object) -> None:
-    """`serve --create-table`: create the backend's table when it is DynamoDB."""
-    from .startup import ConfigError
+    """`serve --create-table`: create the backend's table when it is DynamoDB;
+    StartFailure (exit 3) with the cause when it cannot."""
+    from .startup import ConfigError, StartFailure
+    from .storage.dynamodb.errors import describe
 
     create = getattr(storage, "create_table", None)
     if create is None:
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
-    created = await create()
+    try:
+        created = await create()
+    except Exception as exc:  # endpoint, credentials, region, permissions: the environment's
+        raise StartFailure(f"argument --create-table: cannot create the DynamoDB table "
+                           f"{getattr(storage, 'table', '?')}: {describe(exc)}") from exc
     if created:
-        print(f"created DynamoDB table {getattr(storage, 'table', '?')}", flush=True)
+        from .cli import say
+
+        say(f"created DynamoDB table {getattr(storage, 'table', '?')}")

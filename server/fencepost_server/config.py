@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .domain.ledger.core import LedgerConfig
 from .domain.limits import Limits
@@ -81,6 +82,11 @@ class Settings:
         if self.backend:
             return self.backend
         return f"sqlite://{(self.state_root / 'fencepost.db').resolve()}"
+
+    def backend_scheme(self) -> str:
+        """`memory`, `sqlite` or `dynamodb`: the backend URL's scheme, lower-cased
+        as the backend registry reads it (`MEMORY://` is memory://)."""
+        return urlsplit(self.backend_url()).scheme
 
     def auth_configured(self) -> bool:
         return bool(self.tokens_file or self.tls_client_ca or self.trust_xfcc)

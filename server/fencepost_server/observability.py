@@ -155,6 +155,7 @@ class Metrics:
 
     def serve(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
+        host = host.strip("[]")  # [::1]:9464: the brackets are the address syntax, not the host
         server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
         self._http = server
         return server.server_port

@@ -21,6 +21,7 @@ import socket
 
 from .config import Settings
 from .storage import Storage, StorageError, open_backend
+from .storage import private
 from .storage.registry import parse_backend_url
 
 
@@ -130,7 +131,7 @@ def prepare_state_root(settings: Settings) -> None:
     if root.exists() and not root.is_dir():
         raise StartFailure(f"--state-root {root} is not a directory (expected a directory for fencepost.db)")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        private.make_dirs(root)
     except OSError as exc:
         raise StartFailure(f"cannot create --state-root {root}: {exc.strerror or exc}") from exc
     if not os.access(root, os.R_OK | os.W_OK | os.X_OK):

@@ -15,7 +15,9 @@ Workers share nothing in memory. They are replicas like DynamoDB replicas:
 
 The supervisor forwards SIGTERM / SIGINT (graceful drain in every worker) and
 SIGHUP (token reload in every worker), restarts a worker that dies (logged),
-and relays the workers' output. Workers die with the supervisor (a kill -9 of
+and relays the workers' output. A worker whose first start fails with exit 1,
+2 or 3 (a bug, or a configuration this machine cannot run) stops the server
+with that code, as one process would exit. Workers die with the supervisor (a kill -9 of
 the supervisor takes the whole server down, as for one process). Each worker
 serves its own health and, with `--metrics-listen host:port`, its own
 `/metrics` on port + worker index.
@@ -45,6 +47,10 @@ log = logging.getLogger("fencepost.workers")
 #: a worker that dies sooner than this after its start is restarted after a pause
 _RESTART_PAUSE = 1.0
 _PR_SET_PDEATHSIG = 1
+#: a worker's exit codes when it cannot start (cli.Exit.ERROR, USAGE, START_FAILED): a
+#: configuration this machine cannot run, or a bug that one process would exit 1 on
+_ERROR, _USAGE, _START_FAILED = 1, 2, 3
+_CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
 READY_LINE = b"fencepost serving on"
 
 
@@ -64,7 +70,7 @@ def refusal(settings: Settings, workers: int) -> str | None:
     """Why `workers` processes cannot serve these settings (None when they can)."""
     if workers < 1:
         return f"--workers must be at least 1 (got {workers})"
-    if workers > 1 and settings.backend_url().startswith("memory:"):
+    if workers > 1 and settings.backend_scheme() == "memory":
         return ("--workers > 1 needs a shared backend (sqlite or dynamodb): "
                 "each worker of memory:// would hold its own separate data")
     return None
@@ -89,6 +95,8 @@ class _Worker:
     ready: bool = False
     #: a SIGHUP came while the worker was starting: sent once it serves
     reload_owed: bool = False
+    #: the replacement of a worker that died (not the server's first start of this index)
+    restart: bool = False
 
 
 class Supervisor:
@@ -100,6 +108,8 @@ class Supervisor:
         self.stopping = False
         self._selector = selectors.DefaultSelector()
         self._reserved: socket.socket | None = None
+        #: the supervisor's exit code: a worker's when its first start failed
+        self.exit_code = 0
 
     def run(self) -> int:
         self.settings = replace(self.settings, listen=self._fixed_listen(), reuse_port=True)
@@ -124,7 +134,7 @@ class Supervisor:
                     w.proc.kill()
             if self._reserved is not None:
                 self._reserved.close()
-        return 0
+        return self.exit_code
 
     def _fixed_listen(self) -> str:
         """Port 0 means "any free port": pick one here so every worker binds the
@@ -139,22 +149,26 @@ class Supervisor:
         self._reserved = sock
         return f"{host}:{sock.getsockname()[1]}"
 
-    def _start(self, index: int) -> None:
+    def _start(self, index: int, *, restart: bool = False) -> None:
         # the table is created once, by the first worker
         config = (replace(self.settings, metrics_listen=_metrics_listen(self.settings.metrics_listen, index)),
                   self.create_table and index == 0, logging.getLogger().level, _json_logs())
         proc = subprocess.Popen(
             [sys.executable, "-m", "fencepost_server.workers"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "FENCEPOST_WORKER": str(index)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "FENCEPOST_WORKER": str(index), "FENCEPOST_SUPERVISOR_PID": str(os.getpid())},
         )
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(pickle.dumps(config))
         proc.stdin.close()
         os.set_blocking(proc.stdout.fileno(), False)
-        worker = _Worker(index, proc, time.monotonic())
+        worker = _Worker(index, proc, time.monotonic(), restart=restart)
         self._selector.register(proc.stdout, selectors.EVENT_READ, worker)
         self.workers[index] = worker
-        print(f"fencepost worker {index} started (pid {proc.pid})", flush=True)
+        _write(b"fencepost worker %d started (pid %d)\n" % (index, proc.pid))
+        if self.stopping:  # the stop came while it was being started: it gets it too
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
 
     def _pump(self, timeout: float) -> None:
         """Relay the workers' output line by line (a worker's lines never interleave)."""
@@ -168,6 +182,7 @@ class Supervisor:
                 self._selector.unregister(key.fileobj)
                 continue
             *lines, worker.pending = (worker.pending + chunk).split(b"\n")
+            out = []
             for line in lines:
                 if not worker.ready and line.startswith(READY_LINE):
                     worker.ready = True
@@ -177,8 +192,8 @@ class Supervisor:
                             worker.proc.send_signal(signal.SIGHUP)
                 if line.startswith(b"fencepost "):  # its banners: say whose (log lines name it already)
                     line = b"[worker %d] " % worker.index + line
-                sys.stdout.buffer.write(line + b"\n")
-            sys.stdout.flush()
+                out.append(line + b"\n")
+            _write(b"".join(out))
 
     def _reap(self) -> None:
         for index, worker in list(self.workers.items()):
@@ -190,10 +205,20 @@ class Supervisor:
             del self.workers[index]
             if self.stopping:
                 continue
+            if code in _CANNOT_START and not worker.ready and not worker.restart:
+                # the configuration cannot run here (its cause is the worker's
+                # log line): fail as one process would, never restart forever
+                log.error("worker %d (pid %d) could not start (exit %d); stopping the server",
+                          index, worker.proc.pid, code)
+                self.exit_code = code
+                self._on_stop(signal.SIGTERM, None)
+                continue
             log.warning("worker %d (pid %d) exited with code %s; restarting it", index, worker.proc.pid, code)
-            if time.monotonic() - worker.started < _RESTART_PAUSE:
+            if not worker.ready or time.monotonic() - worker.started < _RESTART_PAUSE:
                 time.sleep(_RESTART_PAUSE)  # crash loop: do not spin
-            self._start(index)
+            if self.stopping:  # stopped during the pause: every worker was told, start none
+                continue
+            self._start(index, restart=True)
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers.values():
@@ -217,6 +242,25 @@ class Supervisor:
                 worker.proc.send_signal(signal.SIGHUP)
 
 
+def _write(data: bytes) -> None:
+    """Out on stdout; a reader that has gone never stops the server."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+
+
+def stdout_gone() -> None:
+    """Nobody reads stdout any more: send it to /dev/null, so later lines (and
+    the interpreter's flush at exit) do not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _metrics_listen(listen: str | None, index: int) -> str | None:
     """Worker i serves /metrics on the given port + i (port 0: any free port)."""
     if not listen:
@@ -237,7 +281,10 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the supervisor died before we asked
+    # the supervisor died before we asked: we were handed to pid 1 or to a
+    # subreaper (tini -s, a container runtime), either way not our supervisor
+    supervisor = int(os.environ.get("FENCEPOST_SUPERVISOR_PID") or 0)
+    if os.getppid() == 1 or (supervisor and os.getppid() != supervisor):
         os._exit(1)
 
 
@@ -248,6 +295,13 @@ def _worker_main() -> int:
     if json_logs:
         from .observability import JsonFormatter
 
+        index = int(os.environ.get("FENCEPOST_WORKER", "-1"))
+
+        def name_the_worker(record: logging.LogRecord) -> bool:
+            record.worker = index  # a field of every JSON line, as worker-i is of a text one
+            return True
+
+        handler.addFilter(name_the_worker)
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(
@@ -260,9 +314,14 @@ def _worker_main() -> int:
     try:
         tracing_line = tracing.configure_from_env()  # checked by the supervisor already
         return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
-    except (ConfigError, StartFailure) as exc:  # logged; the supervisor restarts the worker
+    except (ConfigError, StartFailure) as exc:  # logged; the supervisor stops (first start) or restarts it
         log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
-        return 3
+        return _USAGE if isinstance(exc, ConfigError) else _START_FAILED
+    except Exception as exc:  # as `fencepost serve` does: one line, the traceback only at DEBUG
+        log.debug("failed", exc_info=exc)
+        log.error("worker %s failed: unexpected %s: %s", os.environ.get("FENCEPOST_WORKER", "?"),
+                  type(exc).__name__, exc)
+        return _ERROR
     finally:
         tracing.shutdown()
 

@@ -63,6 +63,43 @@ def test_sighup_during_start_up_reloads_and_does_not_kill(tmp_path: Path) -> Non
     assert code == 0
 
 
+#: runs `fencepost serve`, with the configuration check (which reads the
+#: tokens file) sending the reload signal: the earliest moment of start-up
+_SERVE_WITH_SIGHUP_DURING_CHECKS = """
+import os, signal, sys
+from fencepost_server import cli
+
+original = cli.check_config
+
+def check_config(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGHUP)
+    return original(*args, **kwargs)
+
+cli.check_config = check_config
+sys.exit(cli.main(["serve", "--listen", "127.0.0.1:" + sys.argv[2], "--backend", "memory://",
+                   "--tokens-file", sys.argv[1]]))
+"""
+
+
+def test_sighup_during_the_configuration_checks_does_not_kill(tmp_path: Path) -> None:
+    """The checks before start-up read the tokens file too: a SIGHUP then
+    (a deploy tool's edit) killed the server, SIGHUP's default action."""
+    tokens = write_tokens(tmp_path / "tokens.json", {"a-token": ("a", "service")})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_WITH_SIGHUP_DURING_CHECKS, str(tokens), str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "fencepost serving on" in line, (line, proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+
+
 class _FakeProc:
     def __init__(self) -> None:
         self.signals: list[int] = []

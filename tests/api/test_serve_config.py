@@ -57,6 +57,10 @@ def busy_port() -> Iterator[int]:
     pytest.param("postgres://x", "'postgres'", "sqlite://", id="unknown-scheme"),
     pytest.param("sqlite://", "a path", "sqlite:///", id="sqlite-without-path"),
     pytest.param("dynamodb://", "a table", "dynamodb://TABLE", id="dynamodb-without-table"),
+    # a typo must not quietly run with another durability than asked for (SQLite reads
+    # an unknown synchronous value as NORMAL, and an unknown parameter was ignored)
+    pytest.param("sqlite:///x.db?synchronous=ful", "'ful'", "FULL", id="sqlite-synchronous-unknown"),
+    pytest.param("sqlite:///x.db?synchronus=OFF", "synchronus", "synchronous", id="sqlite-parameter-unknown"),
 ])
 def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: str) -> None:
     # names the flag, the problem, and a form that would have worked
@@ -72,6 +76,8 @@ def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: s
     pytest.param("--grace", "nan", ">= 0", id="grace-nan"),
     pytest.param("--max-receive-bytes", "0", ">= 1048576", id="max-receive-bytes-zero"),
     pytest.param("--max-receive-bytes", "1048575", "list page", id="max-receive-bytes-under-a-page"),
+    # gRPC's limit is a 32-bit int: past it the server failed with "unexpected OverflowError", exit 1
+    pytest.param("--max-receive-bytes", "2147483648", "<= 2147483647", id="max-receive-bytes-over-int32"),
     pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
     pytest.param("--retention-seconds", "0", "> 0", id="retention-seconds-zero"),  # passes back to back
 ])
@@ -198,6 +204,29 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
                    "--create-table", "dynamodb://")
 
 
+def test_create_table_that_fails_is_a_start_failure(tmp_path: Path) -> None:
+    """--create-table must create the table: when it cannot (endpoint down,
+    credentials refused) that is this machine's problem, exit 3 with the
+    cause, not "unexpected EndpointConnectionError" (exit 1, "a bug")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once closed
+    res = serve("--listen", "127.0.0.1:0", "--create-table", "--log-level", "WARNING",
+                "--backend", f"dynamodb://t?region=us-east-1&endpoint=http://127.0.0.1:{closed}&attempts=1",
+                cwd=tmp_path, prefix=("env", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=y"))
+    assert_refused(res, START_FAILED, "--create-table", "endpoint unreachable")
+
+
+def test_create_table_accepts_a_dynamodb_scheme_in_any_case() -> None:
+    """The backend accepts DynamoDB://T (URL schemes are case-insensitive), so
+    --create-table must too."""
+    from fencepost_server.cli import _preflight, build_parser
+
+    args = build_parser().parse_args(["serve", "--create-table", "--backend", "DynamoDB://t?region=us-east-1",
+                                      "--listen", "127.0.0.1:0"])
+    assert _preflight(args).backend == "DynamoDB://t?region=us-east-1"
+
+
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:
     assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
 
@@ -288,3 +317,40 @@ def test_metrics_on_the_grpc_port(tmp_path: Path, listen: str, metrics: str, wor
     fill = {"p": p, "q": p - 1}
     assert_refused(serve("--listen", listen.format(**fill), "--metrics-listen", metrics.format(**fill),
                          "--workers", workers, cwd=tmp_path), USAGE, "--listen", "--metrics-listen")
+
+
+def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path, busy_port: int) -> None:
+    """Worker i serves /metrics on port + i: a port past 65535 (a traceback in
+    the worker, restarted forever) or a taken one is refused before any worker
+    starts, as the first worker's port is."""
+    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:65535", "--workers", "2", cwd=tmp_path)
+    assert_refused(res, USAGE, "--metrics-listen", "--workers", "65536")
+    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port - 1}", "--workers", "2",
+                cwd=tmp_path)
+    assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_metrics_on_an_ipv6_address() -> None:
+    """--metrics-listen [::1]:PORT passes the flag check (IPv6 in brackets, as
+    for --listen) and must then serve: the brackets are URL syntax, not the
+    host ("cannot listen: Name or service not known", exit 3)."""
+    import urllib.request
+
+    from fencepost_server.observability import Metrics
+
+    metrics = Metrics()
+    port = metrics.serve("[::1]:0")
+    try:
+        assert b"fencepost_" in urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10).read()
+    finally:
+        metrics.stop()

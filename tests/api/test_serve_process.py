@@ -102,3 +102,45 @@ def test_sigterm_drains_an_in_flight_long_poll_and_exits_zero(tmp_path: Path) ->
     assert "error" not in outcome, outcome
     assert outcome["result"] is None
     assert float(outcome["seconds"]) < 14  # type: ignore[arg-type]
+
+
+#: runs `fencepost serve`, sending itself SIGTERM the moment the start-up line
+#: is out (what a supervisor that waits for that line and stops it at once does)
+_SERVE_STOPPED_AT_THE_READY_LINE = """
+import builtins, os, signal, sys, time
+from fencepost_server import cli
+
+def print_then_stop(*args, **kwargs):
+    builtins.print(*args, **kwargs)
+    if args and str(args[0]).startswith("fencepost serving on"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # delivered here: handled, or the default action kills
+
+cli.print = print_then_stop
+sys.exit(cli.main(["serve", "--listen", "127.0.0.1:0", "--backend", "memory://"]))
+"""
+
+
+def test_sigterm_right_after_the_ready_line_drains() -> None:
+    res = subprocess.run([sys.executable, "-c", _SERVE_STOPPED_AT_THE_READY_LINE], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
+    assert "fencepost stopped" in res.stdout
+
+
+def test_a_closed_stdout_does_not_stop_the_drain() -> None:
+    """Whoever read the start-up line may be gone by the stop (a log pipe that
+    died): "fencepost draining…" then failed with BrokenPipeError before the
+    drain, exit 1, in-flight calls cut and the backend never closed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0", "--backend", "memory://"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert "fencepost serving on" in proc.stdout.readline()
+    proc.stdout.close()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+    stderr = proc.stderr.read()
+    assert code == 0, stderr
+    assert "BrokenPipe" not in stderr

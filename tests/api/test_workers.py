@@ -43,10 +43,32 @@ def _start(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[byt
              "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2", "--grace", "2", *extra],
             stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    _wait_for(lambda: out.read_text().count("fencepost serving on") == 2, "two workers")
+
+    def serving() -> bool:
+        if proc.poll() is not None:  # it gave up: say why instead of waiting out the timeout
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}")
+        return out.read_text().count("fencepost serving on") == 2
+
+    _wait_for(serving, "two workers")
     # each worker's banner says whose it is (two identical lines told nothing)
     assert {f"[worker {i}] fencepost serving on" in out.read_text() for i in (0, 1)} == {True}
     return proc, out
+
+
+def _consecutive_free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 all free now (worker i serves /metrics on p + i)."""
+    import socket
+
+    for _ in range(100):
+        first = free_port()
+        try:
+            for port in range(first, first + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {n} consecutive free ports")
 
 
 def _clients(port: int, token: str | None = None) -> list[fencepost.Client]:
@@ -55,7 +77,10 @@ def _clients(port: int, token: str | None = None) -> list[fencepost.Client]:
 
 
 def test_two_workers_share_one_file_restart_a_dead_one_and_drain(tmp_path: Path) -> None:
-    port, metrics = free_port(), free_port()
+    metrics = _consecutive_free_ports(2)
+    port = free_port()
+    while metrics <= port <= metrics + 1:
+        port = free_port()
     proc, out = _start(tmp_path, port, "--metrics-listen", f"127.0.0.1:{metrics}")
     try:
         workers = _children(proc.pid)
@@ -121,7 +146,10 @@ def test_sighup_reloads_tokens_in_every_worker(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0
 
 
-@pytest.mark.parametrize("argv", [["--backend", "memory://", "--workers", "2"], ["--workers", "0"]])
+@pytest.mark.parametrize("argv", [["--backend", "memory://", "--workers", "2"], ["--workers", "0"],
+                                  # URL schemes are case-insensitive: this is memory:// too
+                                  ["--backend", "MEMORY://", "--workers", "2"],
+                                  ["--backend", "Memory://x", "--workers", "2"]])
 def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: list[str]) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
@@ -149,3 +177,97 @@ def test_uvloop_is_the_default_and_no_uvloop_turns_it_off() -> None:
 
     assert run_loop(on_uvloop(), use_uvloop=True) == 1
     assert run_loop(on_uvloop(), use_uvloop=False) == 0
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_exit_code(tmp_path: Path) -> None:
+    """A start failure is the same with --workers as without: exit 3 and the
+    cause, not workers restarted forever on a file that will never open."""
+    not_a_db = tmp_path / "notdb"
+    not_a_db.write_bytes(b"garbage, not a database" * 100)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{not_a_db}", "--workers", "2"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert res.returncode == 3, (res.returncode, res.stderr)
+    assert "file is not a database" in res.stderr
+    assert "restarting" not in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_stop_during_a_restart_pause_starts_no_new_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM while the supervisor waits to restart a crashed worker: the
+    replacement would be started after the stop was sent to every worker,
+    never get it, and keep the supervisor (and the port) alive forever."""
+    from fencepost_server import workers
+    from fencepost_server.config import Settings
+
+    sup = workers.Supervisor(Settings(backend="sqlite:///unused.db"), 2, False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    sup.workers[0] = workers._Worker(0, dead, time.monotonic(), ready=True)  # type: ignore[arg-type]
+    monkeypatch.setattr(workers.time, "sleep", lambda _s: sup._on_stop(signal.SIGTERM, None))
+    started: list[int] = []
+    monkeypatch.setattr(sup, "_start", started.append)
+    sup._reap()
+    assert started == [] and sup.workers == {}
+
+
+def test_json_log_lines_of_a_worker_name_it(tmp_path: Path) -> None:
+    """With --log-format json a worker's log lines carry "worker": i, as its
+    text lines carry worker-i (which of N processes said it)."""
+    import json
+
+    not_a_db = tmp_path / "notdb"
+    not_a_db.write_bytes(b"garbage, not a database" * 100)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{not_a_db}", "--workers", "2", "--log-format", "json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = [json.loads(line) for line in res.stderr.splitlines()]
+    failures = [doc for doc in lines if "cannot start" in doc["msg"]]
+    assert failures, res.stderr
+    for doc in failures:
+        assert doc["msg"].startswith(f"worker {doc.get('worker')} cannot start"), doc
+
+
+def test_a_worker_whose_supervisor_is_gone_before_it_asked_to_die_with_it_exits() -> None:
+    """The supervisor may die before a new worker sets its parent-death signal.
+    The orphan's new parent is not always pid 1 (a subreaper: tini -s, a
+    container runtime, systemd --user): the worker compares with the pid of
+    the supervisor that started it."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no one's parent now
+    res = subprocess.run(
+        [sys.executable, "-c", "from fencepost_server.workers import _die_with_parent; _die_with_parent(); "
+                               "print('still running')"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "FENCEPOST_SUPERVISOR_PID": str(gone.pid)},
+    )
+    assert res.returncode == 1 and "still running" not in res.stdout
+
+
+def test_a_worker_that_fails_unexpectedly_at_its_first_start_stops_the_server(tmp_path: Path) -> None:
+    """An unexpected failure (exit 1, a bug) before a worker ever served ends
+    the server as it ends one process: one line, exit 1, no traceback without
+    --log-level DEBUG, and no worker restarted forever on the same bug."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('FENCEPOST_WORKER') == '1':\n"
+        "    import fencepost_server.cli as cli\n"
+        "    async def broken(*args, **kwargs):\n"
+        "        raise RuntimeError('a bug in start-up')\n"
+        "    cli.serve = broken\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1",
+             "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert res.returncode == 1, (res.returncode, res.stderr)
+    assert "a bug in start-up" in res.stderr and "Traceback" not in res.stderr
+    assert "restarting" not in res.stderr

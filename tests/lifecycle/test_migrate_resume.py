@@ -119,6 +119,18 @@ async def test_a_missing_source_is_a_usage_error_that_leaves_nothing(tmp_path: P
     assert proc.returncode == 2 and "same store" in err
 
 
+async def test_a_work_dir_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    """--work-dir naming a file: exit 2 naming the flag, not "unexpected
+    FileExistsError" (exit 1, a bug), and no target file made."""
+    source = await _source(tmp_path / "source.db", 10)
+    (tmp_path / "a-file").write_text("not a directory")
+    target = tmp_path / "target.db"
+    proc = _migrate(source, f"sqlite://{target}", tmp_path / "a-file")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "--work-dir" in err and "unexpected" not in err, err
+    assert not target.exists()
+
+
 async def test_an_unreadable_checkpoint_is_refused_clearly(tmp_path: Path) -> None:
     source = await _source(tmp_path / "source.db", 10)
     work = tmp_path / "work"

@@ -54,6 +54,11 @@ def int_at_least(low: int, why: str) -> Callable[[str], int]:
     return _number(int, f"an integer >= {low} ({why})", lambda v: v >= low)
 
 
+def int_between(low: int, high: int, why: str) -> Callable[[str], int]:
+    """An integer in low..high; `why` says what the bounds protect."""
+    return _number(int, f"an integer >= {low} and <= {high} ({why})", lambda v: low <= v <= high)
+
+
 def host_port(text: str) -> str:
     """`HOST:PORT` (`[::1]:PORT` for IPv6) with PORT 1..65535, or 0 for any
     free port (the start-up line then names the one picked)."""

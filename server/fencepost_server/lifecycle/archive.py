@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from ..storage import Item
+from ..storage import Item, private
 
 FORMAT = "fencepost-archive"
 VERSION = 2  # 2: the trailer's sha256 covers `quiesced` too
@@ -63,6 +63,7 @@ def _open(path: Path, mode: str) -> IO[bytes]:
             compressed = f.read(2) == _GZIP_MAGIC
     else:
         compressed = path.name.endswith(".gz") or path.name.endswith(".gz.partial")
+        private.create_file(path)  # it holds every stored item
     if compressed:
         return gzip.open(path, mode)  # type: ignore[return-value]
     return path.open(mode)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ..storage import EXPORT_PAGE, Item, Storage, StorageError
+from ..storage import EXPORT_PAGE, Item, Storage, StorageError, private
 from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
@@ -172,7 +172,11 @@ async def migrate(
     if source_file is not None and not source_file.exists():  # before the target or a checkpoint is made
         raise LifecycleError(f"no SQLite file at {source_file}", Exit.USAGE)
     work = work_dir or work_dir_for(source_url, target_url)
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        private.make_dirs(work)  # its snapshot holds every stored item
+    except OSError as exc:
+        why = "it is a file, or under one" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
+        raise LifecycleError(f"--work-dir {work}: cannot be the work directory ({why})", Exit.USAGE) from None
     checkpoint_file = work / "checkpoint.json"
     checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
     loop = asyncio.get_running_loop()

@@ -1,7 +1,8 @@
 """From a backend URL to a backend instance.
 
     memory://                               the in-process reference backend
-    sqlite:///abs/path.db  sqlite://rel.db  the embedded default (WAL, group commit)
+    sqlite:///abs/path.db  sqlite://rel.db  the embedded default (WAL, group commit;
+                                            ?synchronous=OFF|NORMAL|FULL|EXTRA, default FULL)
     dynamodb://TABLE?endpoint=URL&region=R  one DynamoDB table (aioboto3)
 """
 
@@ -66,7 +67,24 @@ def parse_backend_url(url: str) -> tuple[Factory, str, dict[str, str]]:
     if not location and parts.scheme in _NEEDS_LOCATION:
         raise ValueError(f"expected {_NEEDS_LOCATION[parts.scheme]}, got {url!r}")
     params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if parts.scheme == "sqlite":
+        _check_sqlite_params(params, url)
     return factory, location, params
+
+
+#: PRAGMA synchronous levels (SQLite reads any other word as NORMAL, silently)
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def _check_sqlite_params(params: dict[str, str], url: str) -> None:
+    unknown = sorted(set(params) - {"synchronous"})
+    if unknown:
+        raise ValueError(f"unknown sqlite URL parameter(s) {', '.join(unknown)} in {url!r}; "
+                         "the one known is synchronous")
+    level = params.get("synchronous")
+    if level is not None and level.upper() not in _SYNCHRONOUS:
+        raise ValueError(f"sqlite URL parameter synchronous={level!r} is none of {', '.join(_SYNCHRONOUS)} "
+                         f"(default FULL) in {url!r}")
 
 
 _NEEDS_LOCATION = {

@@ -52,6 +52,7 @@ from ..base import (
     new_version,
     validate_transaction,
 )
+from .. import private
 from .statements import (
     OVERWRITE_VERSION, UPSERT, apply_transaction, bounds, connect, erase, put_marked, read_item, stored_marker,
     write_item,
@@ -75,7 +76,11 @@ class SqliteStorage(Storage):
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                private.make_dirs(Path(self.path).parent)
+                private.create_file(self.path)  # SQLite gives its -wal / -shm files the same mode
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot open sqlite file {self.path}: {exc}") from exc
         try:
             self._writer = Worker(self.path, synchronous, writer=True, version=new_version)
             self._reader = Worker(self.path, synchronous, writer=False)
@@ -297,6 +302,7 @@ class SqliteStorage(Storage):
 
         def copy() -> None:
             source = connect(self.path, "NORMAL")
+            private.create_file(path)
             target = sqlite3.connect(str(path))
             try:
                 source.backup(target)
