@@ -24,6 +24,14 @@ from typing import Union
 
 MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
+#: The most a backend's own count of a transaction adds per operation to the
+#: contract's (keys plus values): DynamoDB counts every attribute of an item,
+#: so a put also carries its `k:` key prefix, the names `pk`, `sk`, `val`,
+#: `ver` (12 bytes), its version token (32 characters, 33 for a request id's
+#: `r`-prefixed ones) and a NUL sort key when the key ends at its partition
+#: head; a check or delete, its prefix and key names (7). A limit a domain
+#: promises to fit one backend transaction counts this per operation.
+TXN_OP_OVERHEAD = 48
 #: items per page of `Storage.export_items`
 EXPORT_PAGE = 1000
 
