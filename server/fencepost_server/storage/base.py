@@ -238,10 +238,12 @@ def key_bytes(keys: Iterable[str]) -> int:
 
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
-    """Refuse transactions no backend could apply atomically."""
+    """Refuse transactions no backend could apply atomically. The byte limit
+    counts keys, values and TXN_OP_OVERHEAD per operation: one count on every
+    backend, within every backend's own."""
     if not checks and len(writes) == 1:  # the common single write: only its size can be wrong
         w = writes[0]
-        size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0)
+        size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0) + TXN_OP_OVERHEAD
         if size > MAX_TXN_BYTES:
             raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",
                                      limit=MAX_TXN_BYTES, size=size)
@@ -252,7 +254,7 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
                                  limit=MAX_TXN_OPS, size=ops)
     keys = [c.key for c in checks]
     keys += [w.key for w in writes]
-    size = key_bytes(keys)
+    size = key_bytes(keys) + TXN_OP_OVERHEAD * ops
     size += sum([len(w.value) for w in writes if type(w) is Put])
     if size > MAX_TXN_BYTES:
         raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",
