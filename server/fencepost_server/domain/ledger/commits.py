@@ -34,7 +34,18 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import MAX_TXN_OPS, TXN_OP_OVERHEAD, Check, CountKeys, Delete, Expect, Put, StorageError, Write, key_bytes
+from ...storage import (
+    MAX_TXN_OPS,
+    TXN_OP_OVERHEAD,
+    Check,
+    CountKeys,
+    Delete,
+    Expect,
+    Put,
+    StorageError,
+    Write,
+    key_bytes,
+)
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
 from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended

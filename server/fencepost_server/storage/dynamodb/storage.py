@@ -414,7 +414,8 @@ class DynamoStorage(Storage):
                 f"transaction is {size} bytes as DynamoDB counts items (limit {MAX_TXN_BYTES})",
                 limit=MAX_TXN_BYTES, size=size)
         directory_entries = [directory_put(self.table, p) for p in new_partitions]
-        if len(items) + len(directory_entries) > MAX_TRANSACT_ITEMS or size + transaction_bytes(directory_entries) > MAX_TXN_BYTES:
+        with_entries = size + transaction_bytes(directory_entries)
+        if len(items) + len(directory_entries) > MAX_TRANSACT_ITEMS or with_entries > MAX_TXN_BYTES:
             # too big to carry the directory entries too: they go out first
             await self._write_directory(new_partitions)
             new_partitions, directory_entries = [], []
