@@ -53,11 +53,12 @@ bench: setup
 ## Reliability suite, long profile: faults at every backend call, kill -9
 ## restarts, history checks; prints a figures table (sqlite + DynamoDB emulator).
 ## Then the wire fuzz suite's long profile (over 100,000 hostile calls; prints
-## calls per RPC and the statuses seen).
+## calls per RPC and the statuses seen), and 300 random operation sequences
+## on DynamoDB against the memory reference (tests/contract/test_cas_model.py).
 ## Then the load-shaped tests `make test` scales down on the DynamoDB emulator
 ## (100k-record ReadLog, ...) at their full counts there.
 reliability: setup
-	FENCEPOST_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider tests/reliability tests/fuzz $(ARGS)
+	FENCEPOST_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider tests/reliability tests/fuzz tests/contract/test_cas_model.py $(ARGS)
 	FENCEPOST_FULL_SCALE=1 $(PY) -m pytest -q -p no:cacheprovider -m scaled -k dynamodb tests $(ARGS)
 
 clean:

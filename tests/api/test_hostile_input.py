@@ -268,6 +268,37 @@ async def test_commit_too_large_carries_limit_size_and_field(storage: Storage) -
         assert await snapshot(storage) == before
 
 
+async def _commits_near_the_byte_limit(storage: Storage) -> list[tuple[int, str]]:
+    """(margin, outcome) of 16-record commits whose records total 4 MiB
+    minus `margin` bytes: "applied", or the refusal's reason."""
+    out = []
+    async with running(storage) as srv, srv.client(timeout=60) as c:
+        for margin in (64, 2048, 3072, 4096, 8192):
+            sid, gen = await _held(c, f"near-{margin}")
+            records = [b"r" * (256 * 1024)] * 15 + [b"r" * (256 * 1024 - margin)]
+            try:
+                await c.commit(sid, gen, 0, records, commit_id=f"c-{margin}")
+                out.append((margin, "applied"))
+            except errors.FencepostError as err:
+                assert err.metadata["limit"] == str(4 * 1024 * 1024) and int(err.metadata["size"]) > 4 * 1024 * 1024
+                out.append((margin, err.reason))
+    return out
+
+
+async def test_a_commit_near_the_byte_limit_is_answered_alike_on_every_backend(storage: Storage) -> None:
+    """The commit's 4 MiB is one limit on every backend (a commit within it
+    fits one DynamoDB transaction, whose own count adds attribute names, key
+    prefixes and versions per item): a commit within a few KiB of it is
+    applied everywhere or refused everywhere as COMMIT_TOO_LARGE, never
+    refused by one backend's own count (TXN_TOO_LARGE, which Commit does not
+    declare) while another applies it."""
+    from fencepost_server.storage.memory import MemoryStorage
+
+    got = await _commits_near_the_byte_limit(storage)
+    assert got == await _commits_near_the_byte_limit(MemoryStorage())
+    assert {outcome for _, outcome in got} == {"applied", reasons.COMMIT_TOO_LARGE}
+
+
 # -- 5: AppendTurn request ids ----------------------------------------------------------------
 async def test_append_turn_request_id_reused_for_another_record_is_refused(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=10) as c:

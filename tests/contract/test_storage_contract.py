@@ -7,7 +7,9 @@ import asyncio
 import pytest
 
 from fencepost_server.storage import (
+    MAX_TXN_BYTES,
     MAX_TXN_OPS,
+    TXN_OP_OVERHEAD,
     Check,
     CountKeys,
     Delete,
@@ -15,6 +17,7 @@ from fencepost_server.storage import (
     InvalidTransaction,
     Put,
     Storage,
+    key_bytes,
 )
 
 UNICODE_KEYS = ["p/a", "p/b", "p/z", "p/é", "p/日本", "p/😀", "p/\u007f", "p/A", "p/ab", "p/a\u0001"]
@@ -257,3 +260,23 @@ async def test_list_with_no_room_returns_nothing(storage: Storage) -> None:
         assert await storage.list("lim/", None, limit) == []
         assert await storage.list_keys("lim/", None, limit) == []
     assert [i.key for i in await storage.list("lim/", None, 1)] == ["lim/a"]
+
+
+async def test_transaction_byte_limit_is_one_count_on_every_backend(storage: Storage) -> None:
+    """MAX_TXN_BYTES counts keys, values and TXN_OP_OVERHEAD per operation (what
+    a backend adds to its own count: DynamoDB's attribute names, key prefix and
+    version), so a transaction is applied on every backend or refused on every
+    backend: exactly at the limit applies (on DynamoDB also in a partition it
+    has not written yet), one byte over is refused with limit and size."""
+    value = b"v" * (256 * 1024)
+    keys = [f"{'p' * 300}/{i:02d}" for i in range(16)]
+    last = MAX_TXN_BYTES - TXN_OP_OVERHEAD * 17 - len(value) * 15 - key_bytes([*keys, "guard"])
+    checks = [Check("guard", Expect(exists=False))]
+    over = [Put(k, value) for k in keys[:15]] + [Put(keys[15], b"v" * (last + 1))]
+    with pytest.raises(InvalidTransaction) as refused:
+        await storage.transact(checks, over)
+    assert (refused.value.limit, refused.value.size) == (MAX_TXN_BYTES, MAX_TXN_BYTES + 1)
+    assert await storage.list_keys("p") == []
+    exact = [*over[:15], Put(keys[15], b"v" * last)]
+    assert (await storage.transact(checks, exact)).applied
+    assert await storage.list_keys("p") == keys

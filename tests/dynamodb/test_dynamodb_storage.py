@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fencepost_server.domain.ledger import Ledger
-from fencepost_server.storage import MAX_TXN_BYTES, Check, Expect, InvalidTransaction, Put, key_bytes
+from fencepost_server.storage import MAX_TXN_BYTES, TXN_OP_OVERHEAD, Check, Expect, InvalidTransaction, Put, key_bytes
 from fencepost_server.storage.base import validate_transaction
 from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.memory import MemoryStorage
@@ -202,16 +202,38 @@ async def test_transaction_too_big_to_carry_its_directory_entries(dynamo: Dynamo
 
 
 async def test_transaction_over_dynamodbs_own_size_count_is_refused_before_sending(dynamo: DynamoStorage) -> None:
-    """Keys plus values within the contract's 4 MiB, but DynamoDB also counts
-    attribute names, the partition prefix and versions: refused as too large
+    """The contract's count (keys, values, TXN_OP_OVERHEAD per operation)
+    bounds DynamoDB's own (attribute names, the partition prefix, versions)
+    for the versions the backends mint; a put given a longer version of its
+    own can still be over DynamoDB's count: refused as too large
     (TXN_TOO_LARGE) rather than sent and answered with a ValidationException."""
     value = b"v" * (256 * 1024)
     keys = [f"big/{i:02d}" for i in range(16)]
-    last = MAX_TXN_BYTES - 1 - len(value) * 15 - key_bytes(keys)  # one byte under the contract's limit
-    writes = [Put(k, value) for k in keys[:15]] + [Put(keys[15], b"v" * last)]
+    last = MAX_TXN_BYTES - TXN_OP_OVERHEAD * 16 - len(value) * 15 - key_bytes(keys)  # exactly the limit
+    writes = [Put(k, value, version="x" * 200) for k in keys[:15]] + [Put(keys[15], b"v" * last)]
     validate_transaction([], writes)  # within the storage contract
     sent = await count_requests(dynamo)
     with pytest.raises(InvalidTransaction) as refused:
         await dynamo.transact([], writes)
     assert refused.value.limit == MAX_TXN_BYTES and refused.value.size > MAX_TXN_BYTES
-    assert sent["TransactWriteItems"] == 0 and await dynamo.get(keys[0]) is None
+    assert sum(sent.values()) == 0 and await dynamo.get(keys[0]) is None
+
+
+async def test_a_transaction_within_the_counted_overhead_fits_with_its_directory_entry(dynamo: DynamoStorage) -> None:
+    """A transaction within the contract's count (keys, values and
+    TXN_OP_OVERHEAD per operation) fits DynamoDB's own count, also in a
+    partition this process has not written yet: when the
+    partition's directory entry would push it over, the entry goes out first
+    (as when the entries would push it over 100 items)."""
+    partition = "p" * 500 + "/"  # a long partition head: its directory entry is over the per-item slack
+    keys = [f"{partition}{i:02d}" for i in range(16)]
+    value = b"v" * (256 * 1024)
+    last = MAX_TXN_BYTES - TXN_OP_OVERHEAD * 16 - len(value) * 15 - key_bytes(keys)
+    writes = [Put(k, value) for k in keys[:15]] + [Put(keys[15], b"v" * last)]
+    result = await dynamo.transact([], writes)
+    assert result.applied
+    cold = DynamoStorage(dynamo.table, endpoint_url=moto_endpoint(), region=REGION)
+    try:
+        assert await cold.list_keys("p", None, 100) == keys
+    finally:
+        await cold.close()

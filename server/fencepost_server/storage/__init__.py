@@ -4,6 +4,7 @@ from .base import (
     EXPORT_PAGE,
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
+    TXN_OP_OVERHEAD,
     BackendUnavailable,
     CasResult,
     Check,
@@ -25,7 +26,7 @@ from .base import (
 from .registry import open_backend, register
 
 __all__ = [
-    "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "BackendUnavailable", "CasResult", "Check", "CountKeys", "Delete",
-    "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "Storage",
+    "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "TXN_OP_OVERHEAD", "BackendUnavailable", "CasResult", "Check",
+    "CountKeys", "Delete", "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "Storage",
     "StorageError", "TxnResult", "Write", "key_bytes", "open_backend", "random_hex", "register",
 ]

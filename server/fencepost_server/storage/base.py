@@ -24,6 +24,14 @@ from typing import Union
 
 MAX_TXN_OPS = 100
 MAX_TXN_BYTES = 4 * 1024 * 1024
+#: The most a backend's own count of a transaction adds per operation to the
+#: contract's (keys plus values): DynamoDB counts every attribute of an item,
+#: so a put also carries its `k:` key prefix, the names `pk`, `sk`, `val`,
+#: `ver` (12 bytes), its version token (32 characters, 33 for a request id's
+#: `r`-prefixed ones) and a NUL sort key when the key ends at its partition
+#: head; a check or delete, its prefix and key names (7). A limit a domain
+#: promises to fit one backend transaction counts this per operation.
+TXN_OP_OVERHEAD = 48
 #: items per page of `Storage.export_items`
 EXPORT_PAGE = 1000
 
@@ -230,10 +238,12 @@ def key_bytes(keys: Iterable[str]) -> int:
 
 
 def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> None:
-    """Refuse transactions no backend could apply atomically."""
+    """Refuse transactions no backend could apply atomically. The byte limit
+    counts keys, values and TXN_OP_OVERHEAD per operation: one count on every
+    backend, within every backend's own."""
     if not checks and len(writes) == 1:  # the common single write: only its size can be wrong
         w = writes[0]
-        size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0)
+        size = len(w.key.encode()) + (len(w.value) if type(w) is Put else 0) + TXN_OP_OVERHEAD
         if size > MAX_TXN_BYTES:
             raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",
                                      limit=MAX_TXN_BYTES, size=size)
@@ -244,7 +254,7 @@ def validate_transaction(checks: Sequence[Check], writes: Sequence[Write]) -> No
                                  limit=MAX_TXN_OPS, size=ops)
     keys = [c.key for c in checks]
     keys += [w.key for w in writes]
-    size = key_bytes(keys)
+    size = key_bytes(keys) + TXN_OP_OVERHEAD * ops
     size += sum([len(w.value) for w in writes if type(w) is Put])
     if size > MAX_TXN_BYTES:
         raise InvalidTransaction(f"transaction is {size} bytes (limit {MAX_TXN_BYTES})",

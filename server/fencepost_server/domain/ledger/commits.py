@@ -35,7 +35,18 @@ from dataclasses import dataclass
 from fencepost import reasons
 
 from ...storage import (
-    MAX_TXN_BYTES, MAX_TXN_OPS, Check, CountKeys, Delete, Expect, InvalidTransaction, Put, StorageError, Write, key_bytes,
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    TXN_OP_OVERHEAD,
+    Check,
+    CountKeys,
+    Delete,
+    Expect,
+    InvalidTransaction,
+    Put,
+    StorageError,
+    Write,
+    key_bytes,
 )
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
 from .activity import ACTIVITY_OPS, ActivityMethods
@@ -118,6 +129,10 @@ class CommitMethods(ActivityMethods):
                 ops, conds = [*writes, *activity], checks
                 size = fixed_size + key_bytes([w.key for w in activity])
                 size += sum([len(w.value) for w in activity if type(w) is Put])
+            # as a backend counts it (DynamoDB: attribute names, key prefixes,
+            # versions), so a commit within the limit fits one transaction on
+            # every backend, and one over it is refused alike on every backend
+            size += TXN_OP_OVERHEAD * (len(conds) + len(ops))
             if size > self.limits.max_txn_bytes:
                 raise limit_error(reasons.COMMIT_TOO_LARGE, "the commit", self.limits.max_txn_bytes, size,
                                   field="records")

@@ -407,15 +407,19 @@ class DynamoStorage(Storage):
         operations = [(i, e) for i, e in enumerate(entries) if e is not None]
         if not any(e for _, e in operations if "ConditionCheck" not in e):
             return await self._checks_only(operations, versions)
-        if len(operations) + len(new_partitions) > MAX_TRANSACT_ITEMS:
-            await self._write_directory(new_partitions)
-            new_partitions = []
-        items = [e for _, e in operations] + [directory_put(self.table, p) for p in new_partitions]
+        items = [e for _, e in operations]
         size = transaction_bytes(items)
         if size > MAX_TXN_BYTES:  # DynamoDB would refuse it as a ValidationException
             raise InvalidTransaction(
                 f"transaction is {size} bytes as DynamoDB counts items (limit {MAX_TXN_BYTES})",
                 limit=MAX_TXN_BYTES, size=size)
+        directory_entries = [directory_put(self.table, p) for p in new_partitions]
+        with_entries = size + transaction_bytes(directory_entries)
+        if len(items) + len(directory_entries) > MAX_TRANSACT_ITEMS or with_entries > MAX_TXN_BYTES:
+            # too big to carry the directory entries too: they go out first
+            await self._write_directory(new_partitions)
+            new_partitions, directory_entries = [], []
+        items += directory_entries
         token = random_hex(16)
         client = await self.client()
 
