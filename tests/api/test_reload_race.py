@@ -5,10 +5,12 @@ revoked by that edit working until the next SIGHUP."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,26 @@ import pytest
 import fencepost
 from tests.api.security_support import write_tokens
 from tests.api.test_serve_process import free_port
+
+@contextlib.contextmanager
+def _serving(script: str, tokens: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    """Runs `script` (argv: tokens file, port) until its "serving" line; ends
+    it with SIGTERM, which it must answer with exit 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tokens), str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "fencepost serving on" in line, (line, proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+
 
 #: runs `fencepost serve`, with App.start patched to revoke the old token and
 #: send the reload signal before the server binds (what a deploy tool that
@@ -43,24 +65,12 @@ sys.exit(cli.main(["serve", "--listen", "127.0.0.1:" + sys.argv[2], "--backend",
 def test_sighup_during_start_up_reloads_and_does_not_kill(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens.json", {"old-token": ("a", "service")})
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE_WITH_EDIT_DURING_START, str(tokens), str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parents[2],
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "fencepost serving on" in line, (line, proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "")
+    with _serving(_SERVE_WITH_EDIT_DURING_START, tokens, port):
         with fencepost.Client(f"127.0.0.1:{port}", token="new-token", timeout=10) as fp:
             fp.put("k", b"v")
         with fencepost.Client(f"127.0.0.1:{port}", token="old-token", timeout=10) as fp:
             with pytest.raises(fencepost.FencepostError):
                 fp.put("k", b"v")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert code == 0
 
 
 #: runs `fencepost serve`, with the configuration check (which reads the
@@ -85,19 +95,8 @@ def test_sighup_during_the_configuration_checks_does_not_kill(tmp_path: Path) ->
     """The checks before start-up read the tokens file too: a SIGHUP then
     (a deploy tool's edit) killed the server, SIGHUP's default action."""
     tokens = write_tokens(tmp_path / "tokens.json", {"a-token": ("a", "service")})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE_WITH_SIGHUP_DURING_CHECKS, str(tokens), str(free_port())],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parents[2],
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "fencepost serving on" in line, (line, proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert code == 0
+    with _serving(_SERVE_WITH_SIGHUP_DURING_CHECKS, tokens, free_port()):
+        pass  # it came up serving, and a SIGTERM then ends it with 0
 
 
 class _FakeProc:
