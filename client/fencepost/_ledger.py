@@ -339,7 +339,11 @@ class Session:
         self._renewer = asyncio.create_task(self._renew_loop(renewed))
         return self
 
-    async def _renew_loop(self, renewed: float) -> None:
+    async def _renew_loop(self, renewed: float | None = None) -> None:
+        """Renew every ttl/3. `renewed`: when the granting request was sent
+        (monotonic clock; now when not given)."""
+        if renewed is None:
+            renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.ttl / 3)
             sent = time.monotonic()
