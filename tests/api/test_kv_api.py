@@ -359,6 +359,27 @@ async def test_txn_compare_on_an_empty_version_is_refused_as_put_if_version_is(
     assert absent.succeeded
 
 
+async def test_a_version_longer_than_any_minted_is_refused_alike(
+    client: fencepost.AsyncClient, storage: Storage
+) -> None:
+    """No backend mints a version over 256 characters, so a compare on one
+    could never hold; DynamoDB would also reject a multi-megabyte one inside
+    its condition expression. VERSION_INVALID everywhere, nothing written."""
+    await client.put("lv", b"v0")
+    longest, over = "v" * 256, "v" * 257
+    assert not (await client.put_if_version("lv", b"v1", longest)).applied  # at the bound: just not held
+    for attempt in (
+        client.put_if_version("lv", b"v1", over),
+        client.delete_if_version("lv", over),
+        client.txn([fencepost.compare("lv", version=over)], [fencepost.put_op("lv", b"won")]),
+        client.put_if_version("lv", b"v1", "v" * 3_000_000),
+    ):
+        with pytest.raises(errors.VersionInvalid) as info:
+            await attempt
+        assert info.value.code == "INVALID_ARGUMENT"
+    assert (await client.get("lv")).value == b"v0"
+
+
 async def test_list_pages_of_large_values_fit_in_a_response(client: fencepost.AsyncClient) -> None:
     """A page is cut short (with a token) before it outgrows what one response
     may carry: 40 values at the value limit are 10 MiB, over the 8 MiB message

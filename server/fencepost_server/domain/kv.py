@@ -16,6 +16,8 @@ from .limits import Limits
 from .paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from .requests import RequestLog
 
+#: the longest version a compare may name: every backend mints ~33 characters
+VERSION_MAX_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +234,14 @@ class KvStore:
                 f"{field} must not be empty (no key has the empty version; absence is exists = false)",
                 field=field,
             )
+        if len(expected) > VERSION_MAX_CHARS:
+            # no key has one (no backend mints it), and DynamoDB would refuse a
+            # huge one inside its condition expression: refused alike everywhere
+            raise InvalidArgument(
+                reasons.VERSION_INVALID,
+                f"{field} is {len(expected)} characters; no key has a version over {VERSION_MAX_CHARS}",
+                {"limit": VERSION_MAX_CHARS, "size": len(expected)}, field=field,
+            )
 
     def _check_txn(
         self, compares: Sequence[Compare], success: Sequence[Write], failure: Sequence[Write], request_id: str
@@ -241,9 +251,9 @@ class KvStore:
         marker_ops = 2 if request_id else 0
         for i, c in enumerate(compares):
             check_key(c.key, self.limits, f"compares[{i}].key")
-            if c.expect.version == "":
-                # no key ever has it: the compare could never hold
-                self._check_version("", f"compares[{i}].version")
+            if c.expect.version is not None:
+                # empty or over the bound: no key ever has it, the compare could never hold
+                self._check_version(c.expect.version, f"compares[{i}].version")
             if c.expect.value is not None:
                 # No stored value is larger, so such a compare could never
                 # hold; and DynamoDB takes less than the transaction limit in

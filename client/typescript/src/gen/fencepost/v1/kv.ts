@@ -2685,8 +2685,9 @@ export const KvServiceService = {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
-   * request_id was used for a different request.
+   * expected_version is empty or over 256 characters (no key has such a
+   * version); INVALID_ARGUMENT / REQUEST_ID_REUSED when the request_id was
+   * used for a different request.
    * Roles: service and operator.
    */
   putIfVersion: {
@@ -2744,8 +2745,8 @@ export const KvServiceService = {
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
    * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
-   * the empty version, which no key has: compare exists = false to require
-   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * the empty version or on one over 256 characters, which no key has:
+   * compare exists = false to require absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
@@ -2815,8 +2816,9 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
-   * request_id was used for a different request.
+   * expected_version is empty or over 256 characters (no key has such a
+   * version); INVALID_ARGUMENT / REQUEST_ID_REUSED when the request_id was
+   * used for a different request.
    * Roles: service and operator.
    */
   putIfVersion: handleUnaryCall<PutIfVersionRequest, PutIfVersionResponse>;
@@ -2847,8 +2849,8 @@ export interface KvServiceServer extends UntypedServiceImplementation {
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
    * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
-   * the empty version, which no key has: compare exists = false to require
-   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * the empty version or on one over 256 characters, which no key has:
+   * compare exists = false to require absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
@@ -2985,8 +2987,9 @@ export interface KvServiceClient extends Client {
    * `expected_version`. Not applied: `applied = false` with the current
    * version (empty when the key is absent); re-read and decide again.
    * Errors: the common ones; INVALID_ARGUMENT / VERSION_INVALID when
-   * expected_version is empty; INVALID_ARGUMENT / REQUEST_ID_REUSED when the
-   * request_id was used for a different request.
+   * expected_version is empty or over 256 characters (no key has such a
+   * version); INVALID_ARGUMENT / REQUEST_ID_REUSED when the request_id was
+   * used for a different request.
    * Roles: service and operator.
    */
   putIfVersion(
@@ -3059,8 +3062,8 @@ export interface KvServiceClient extends Client {
    * compare values and a request_id's marker; metadata `limit`, `size`);
    * INVALID_ARGUMENT / VALUE_TOO_LARGE (a put value, or a compare value,
    * over the value limit); INVALID_ARGUMENT / VERSION_INVALID (a compare on
-   * the empty version, which no key has: compare exists = false to require
-   * absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
+   * the empty version or on one over 256 characters, which no key has:
+   * compare exists = false to require absence); INVALID_ARGUMENT / TXN_DUPLICATE_KEY (one key
    * named twice in one branch); REQUEST_ID_REUSED as Put; ABORTED /
    * TXN_CONTENDED (the compared keys kept changing under concurrent writers:
    * retry the whole transaction).
