@@ -176,3 +176,42 @@ async def test_an_open_stream_stops_delivering_once_its_token_is_revoked(tmp_pat
             assert seen == [b"before"]
     finally:
         await app.stop(grace=0.2)
+
+
+async def test_a_waiting_claim_grants_nothing_once_its_token_is_revoked(tmp_path: Path) -> None:
+    """ClaimOrphan waits up to 60 s for an orphan: a claim that started with a
+    token revoked while it waited used to be granted the next orphan, so the
+    session stayed held by a worker that could no longer renew (or commit)
+    until the lease ran out, and its contents went to the revoked caller."""
+    import asyncio
+
+    from fencepost import errors
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"claimer": ("a", "service"), "owner": ("a", "service")})
+    settings = Settings(listen="127.0.0.1:0", tokens_file=tokens, ledger_janitor_seconds=0.05,
+                        ledger_orphan_grace_seconds=0.1)
+    app = App(settings, storage=MemoryStorage())
+    await app.start()
+    try:
+        target = f"127.0.0.1:{app.port}"
+        async with fencepost.AsyncClient(target, token="claimer", retry=fencepost.NO_RETRY, timeout=30) as claimer, \
+                fencepost.AsyncClient(target, token="owner", retry=fencepost.NO_RETRY, timeout=30) as owner:
+            sid = (await owner.open_session("agent", "s")).session_id
+            claim = asyncio.create_task(claimer.claim_orphan("revoked-worker", ttl=60, wait=20))
+            await asyncio.sleep(0.3)  # the claim is waiting
+            assert not claim.done()
+            write_tokens(tokens, {"owner": ("a", "service")})  # "claimer" revoked
+            app.reload_identities()
+            dead = await owner.acquire_lease(sid, "dies", ttl=0.2)  # and walks away: an orphan
+            await owner.deliver(b"work", session_id=sid)  # with work pending
+            with pytest.raises(errors.Unauthenticated):
+                await asyncio.wait_for(claim, 15)
+            # the orphan was not granted to the revoked caller: a live worker gets it
+            rescued = await owner.claim_orphan("rescuer", ttl=30, wait=10)
+            assert rescued is not None and rescued.session_id == sid
+            assert rescued.lease.holder_id == "rescuer" and rescued.lease.generation == dead.generation + 1
+    finally:
+        await app.stop(grace=0.2)

@@ -136,6 +136,28 @@ class ServicerBase:
         self.auth = auth
         self.observer: RpcObserver = observer or NullObserver()
 
+    def still_allowed(self, context: grpc.aio.ServicerContext) -> Callable[[], None]:
+        """A check for a call that outlives its start (a stream, a long poll):
+        after a reload of the identity files it identifies the caller again
+        and raises UNAUTHENTICATED when the token was revoked or now names
+        another tenant or role. Costs nothing while no reload happened."""
+        who = caller()
+        seen = _auth_generation(self.auth)
+
+        def check() -> None:
+            nonlocal seen
+            if (now := _auth_generation(self.auth)) == seen:
+                return
+            seen = now
+            again = self.auth.identify(context)  # raises UNAUTHENTICATED for a revoked token
+            if (again.tenant, again.role) != (who.tenant, who.role):
+                raise Unauthenticated(
+                    reasons.UNAUTHENTICATED, "the caller's identity changed during the call; "
+                    "call again with current credentials",
+                )
+
+        return check
+
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -190,24 +212,15 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
         outcome = _OK
         span = None if tracing.TRACER is None else tracing.RpcSpan(service, method, context.invocation_metadata())
         try:
-            who = self.auth.identify(context)
-            _caller.set(who)
+            _caller.set(self.auth.identify(context))
             if isinstance(request, UndecodableRequest):
                 raise request.error()
-            seen = _auth_generation(self.auth)
+            # A stream may outlive its credentials (WatchInbox runs while the
+            # session is held): the caller is identified again before anything
+            # more is sent, so a revoked token gets nothing new.
+            still_allowed = self.still_allowed(context)
             async for item in fn(self, request, context):
-                # A stream may outlive its credentials (WatchInbox runs while
-                # the session is held): after a reload of the identity files,
-                # the caller is identified again before anything more is sent,
-                # so a revoked token or a changed tenant / role gets nothing new.
-                if (now := _auth_generation(self.auth)) != seen:
-                    seen = now
-                    again = self.auth.identify(context)  # raises UNAUTHENTICATED for a revoked token
-                    if (again.tenant, again.role) != (who.tenant, who.role):
-                        raise Unauthenticated(
-                            reasons.UNAUTHENTICATED, "the caller's identity changed while the stream was open; "
-                            "call again with current credentials",
-                        )
+                still_allowed()
                 yield item
         except Exception as exc:
             outcome, status = _failure(name, exc)

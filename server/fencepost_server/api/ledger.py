@@ -159,7 +159,8 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
     async def ClaimOrphan(self, request: pb.ClaimOrphanRequest, context: grpc.aio.ServicerContext) -> pb.ClaimOrphanResponse:
         wait = min(duration_seconds(request, "wait"), 60.0)
         view = await self.ledger.janitor.claim(
-            caller().tenant, request.holder_id or "", duration_seconds(request, "ttl"), wait, request.agent
+            caller().tenant, request.holder_id or "", duration_seconds(request, "ttl"), wait, request.agent,
+            still_allowed=self.still_allowed(context),
         )
         if view is None:
             return pb.ClaimOrphanResponse(found=False)

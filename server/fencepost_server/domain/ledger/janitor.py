@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -191,13 +192,16 @@ class Janitor:
 
     # -- ClaimOrphan ------------------------------------------------------------------
     async def claim(
-        self, tenant: str, holder: str, ttl: float | None, wait: float, agent: str = ""
+        self, tenant: str, holder: str, ttl: float | None, wait: float, agent: str = "",
+        still_allowed: Callable[[], None] = lambda: None,
     ) -> SessionView | None:
         """An orphan of `tenant` with a freshly granted lease, waiting up to
         `wait` seconds. The grant is a CAS on the lease item the janitor saw:
         if anything touched the lease since (a renew, another claim, an
         acquire), it fails and the orphan is dropped, so one orphan is never
-        granted twice, across any number of replicas."""
+        granted twice, across any number of replicas. `still_allowed` raises
+        when the caller lost its right to claim while waiting (checked before
+        each grant, so nothing is granted to it and the orphan stays)."""
         require_holder(holder)
         ttl = self.ledger.ttl(ttl)
         if wait < 0:
@@ -207,6 +211,7 @@ class Janitor:
             for orphan in list(self._orphans.get(tenant, {}).values()):
                 if agent and orphan.agent != agent:
                     continue
+                still_allowed()
                 self._orphans.get(tenant, OrderedDict()).pop(orphan.sid, None)
                 sk = SessionKeys(tenant, orphan.sid)
                 granted = await self.ledger.grant(sk, orphan.lease, holder, ttl)  # type: ignore[attr-defined]
