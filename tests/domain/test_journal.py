@@ -364,3 +364,43 @@ async def test_a_read_with_nothing_to_flush_writes_nothing(storage: Storage) -> 
     counting.reset()
     assert await j.flush(TENANT, "quiet") == FlushOutcome(0, 0, False)
     assert not _WRITES & set(counting.calls), dict(counting.calls)
+
+
+async def test_a_read_that_folded_the_tail_leaves_the_background_flusher_nothing(storage: Storage) -> None:
+    """Flush-on-read folds what the agent's appends left in the tail; the
+    background flusher then had the agent due still and spent a backend
+    call finding its tail empty. An append that lands while the read runs
+    keeps the agent due."""
+    from fencepost_server.storage.counting import CountingStorage
+
+    counting = CountingStorage(storage)
+    j = Journal(counting, Limits(), JournalConfig(flush_seconds=0.0))
+    await j.append(TENANT, "read", fields(0), extra("t0"))
+    view = await j.read(TENANT, "read")
+    assert view is not None and (TENANT, "read") not in j.dirty
+    counting.reset()
+    await j.flush_due()
+    assert sum(counting.calls.values()) == 0
+
+    real_list, real_flush = counting.list, j.flush
+    armed = False
+
+    async def flush(*args: Any, **kwargs: Any) -> FlushOutcome:
+        nonlocal armed
+        out = await real_flush(*args, **kwargs)
+        armed = True
+        return out
+
+    async def append_during_the_read(*args: Any, **kwargs: Any) -> list[Item]:
+        nonlocal armed
+        out = await real_list(*args, **kwargs)
+        if armed:  # once, after the flush, while the read lists the tail
+            armed = False
+            await j.append(TENANT, "read", fields(2), extra("during"))
+        return out
+
+    await j.append(TENANT, "read", fields(1), extra("t1"))
+    counting.list = append_during_the_read  # type: ignore[method-assign]
+    j.flush = flush  # type: ignore[method-assign]
+    await j.read(TENANT, "read")
+    assert (TENANT, "read") in j.dirty
