@@ -3,7 +3,9 @@
 # - Python stubs (+ .pyi) into OUT_DIR/fencepost/v1
 # - TypeScript (ts-proto, grpc-js services) into OUT_DIR/typescript/src/gen,
 #   with protoc from grpcio-tools and the google/rpc protos (Status,
-#   ErrorInfo, BadRequest) from the pinned googleapis-common-protos.
+#   ErrorInfo, BadRequest) from the pinned googleapis-common-protos;
+#   Timestamps stay {seconds, nanos} (useDate=false: a Date keeps only
+#   milliseconds), their JSON helpers made exact by scripts/ts_timestamps.py.
 # Usage: scripts/generate.sh [OUT_DIR]   (default: client)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +33,6 @@ mkdir -p "$out/typescript/src/gen"
 "$PY" -m grpc_tools.protoc -Iproto -I"$rpc" \
   --plugin=protoc-gen-ts_proto="$ts/node_modules/.bin/protoc-gen-ts_proto" \
   --ts_proto_out="$out/typescript/src/gen" \
-  --ts_proto_opt=outputServices=grpc-js,esModuleInterop=true,forceLong=string,removeEnumPrefix=true,env=node \
+  --ts_proto_opt=outputServices=grpc-js,esModuleInterop=true,forceLong=string,removeEnumPrefix=true,env=node,useDate=false \
   proto/fencepost/v1/*.proto google/rpc/status.proto google/rpc/error_details.proto
+"$PY" scripts/ts_timestamps.py "$out/typescript/src/gen"

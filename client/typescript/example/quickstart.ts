@@ -2,7 +2,7 @@
 //   npm ci && npx tsc -p . && FENCEPOST_ENDPOINT=127.0.0.1:50051 node dist/example/quickstart.js
 import { randomUUID } from "node:crypto";
 
-import { ErrorReason, FencepostClient, LeasedSession, authorKv, isReason } from "../src";
+import { ErrorReason, FencepostClient, LeasedSession, authorKv, dateFromTimestamp, isReason } from "../src";
 
 async function main(): Promise<void> {
   const fp = new FencepostClient(undefined, { timeoutMs: 5_000 }); // FENCEPOST_ENDPOINT, else 127.0.0.1:50051
@@ -22,7 +22,10 @@ async function main(): Promise<void> {
     }
 
     // a session held by this process: renewed in the background, fenced on takeover
-    const { sessionId } = await fp.openSession("quickstart", `chat-${randomUUID()}`);
+    // times are Timestamps ({ seconds, nanos }, every digit the server sent): send back
+    // what was read; a Date (milliseconds) is for display
+    const { sessionId, createTime } = await fp.openSession("quickstart", `chat-${randomUUID()}`);
+    console.log(`session opened at ${dateFromTimestamp(createTime!).toISOString()} (${createTime!.seconds} s + ${createTime!.nanos} ns)`);
     const session = await LeasedSession.acquire(fp, sessionId, { holderId: `pod-${process.pid}`, ttlMs: 10_000 });
     const seq = await session.commit([Buffer.from("turn 1"), Buffer.from("turn 2")]);
     console.log(`session ${sessionId}: generation ${session.generation}, head seq ${seq}`);

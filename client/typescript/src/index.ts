@@ -6,6 +6,7 @@ export * from "./errors";
 export * from "./ids";
 export * from "./keys";
 export * from "./session";
+export * from "./time";
 export * as kv from "./gen/fencepost/v1/kv";
 export * as ledger from "./gen/fencepost/v1/ledger";
 export * as memory from "./gen/fencepost/v1/memory";

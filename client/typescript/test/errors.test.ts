@@ -7,7 +7,7 @@ import { after, test } from "node:test";
 
 import { status } from "@grpc/grpc-js";
 
-import { ErrorReason, FencepostClient, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi } from "../src";
+import { ErrorReason, FencepostClient, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi, timestampNow } from "../src";
 import { expectReason, newClient, target, unique } from "./support";
 
 const fp = newClient();
@@ -91,7 +91,7 @@ test("eval errors: EVAL_RUN_NOT_FOUND, FIELD_INVALID with its field violation", 
   const bad = await expectReason(
     fp.call(
       fp.evals.putAbSample.bind(fp.evals),
-      evals.PutAbSampleRequest.fromPartial({ agent, experiment: "", sessionId: "s", at: new Date(), sample: {} }),
+      evals.PutAbSampleRequest.fromPartial({ agent, experiment: "", sessionId: "s", at: timestampNow(), sample: {} }),
       { safe: false },
     ),
     INVALID_ARGUMENT, ErrorReason.FIELD_INVALID,

@@ -50,10 +50,10 @@ export interface ErasureOperation {
   itemsErased: string;
   /** When the operation was started. */
   createTime:
-    | Date
+    | Timestamp
     | undefined;
   /** When its state last changed. */
-  updateTime: Date | undefined;
+  updateTime: Timestamp | undefined;
 }
 
 /** EraseAgentRequest starts an agent-wide erasure. */
@@ -128,10 +128,10 @@ export const ErasureOperation: MessageFns<ErasureOperation> = {
       writer.uint32(48).int64(message.itemsErased);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(58).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(58).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(66).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(66).fork()).join();
     }
     return writer;
   },
@@ -202,7 +202,7 @@ export const ErasureOperation: MessageFns<ErasureOperation> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 8: {
@@ -210,7 +210,7 @@ export const ErasureOperation: MessageFns<ErasureOperation> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -275,10 +275,10 @@ export const ErasureOperation: MessageFns<ErasureOperation> = {
       obj.itemsErased = message.itemsErased;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = Timestamp.toJSON(message.createTime);
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = Timestamp.toJSON(message.updateTime);
     }
     return obj;
   },
@@ -294,8 +294,12 @@ export const ErasureOperation: MessageFns<ErasureOperation> = {
     message.phase = object.phase ?? "";
     message.sessionsFenced = object.sessionsFenced ?? "0";
     message.itemsErased = object.itemsErased ?? "0";
-    message.createTime = object.createTime ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -952,9 +956,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -963,13 +967,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -34,7 +34,7 @@ export interface EvalRun {
     | { [key: string]: any }
     | undefined;
   /** When the server stored this snapshot (the history window orders by it). */
-  updateTime: Date | undefined;
+  updateTime: Timestamp | undefined;
 }
 
 /** PutEvalRunRequest upserts a run snapshot. */
@@ -120,7 +120,7 @@ export interface AbSample {
   sessionId: string;
   /** The instant of the sample, as the caller gave it. */
   at:
-    | Date
+    | Timestamp
     | undefined;
   /** The cumulative metric sample (a JSON object). */
   sample: { [key: string]: any } | undefined;
@@ -139,7 +139,7 @@ export interface PutAbSampleRequest {
    * names the sample's key, so re-sending a sample overwrites itself.
    */
   at:
-    | Date
+    | Timestamp
     | undefined;
   /** The sample, a JSON object (at most the value limit once stored). */
   sample:
@@ -190,7 +190,7 @@ export interface PutAbSnapshotRequest {
 /** PutAbSnapshotResponse is the outcome of PutAbSnapshot. */
 export interface PutAbSnapshotResponse {
   /** When the server stored the snapshot. */
-  updateTime: Date | undefined;
+  updateTime: Timestamp | undefined;
 }
 
 /** GetAbSnapshotRequest reads the latest A/B aggregate. */
@@ -208,7 +208,7 @@ export interface GetAbSnapshotResponse {
     | { [key: string]: any }
     | undefined;
   /** When it was stored, when found. */
-  updateTime: Date | undefined;
+  updateTime: Timestamp | undefined;
 }
 
 function createBaseEvalRun(): EvalRun {
@@ -224,7 +224,7 @@ export const EvalRun: MessageFns<EvalRun> = {
       Struct.encode(Struct.wrap(message.snapshot), writer.uint32(18).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -263,7 +263,7 @@ export const EvalRun: MessageFns<EvalRun> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -303,7 +303,7 @@ export const EvalRun: MessageFns<EvalRun> = {
       obj.snapshot = message.snapshot;
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = Timestamp.toJSON(message.updateTime);
     }
     return obj;
   },
@@ -315,7 +315,9 @@ export const EvalRun: MessageFns<EvalRun> = {
     const message = createBaseEvalRun();
     message.runId = object.runId ?? "";
     message.snapshot = object.snapshot ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -1095,7 +1097,7 @@ export const AbSample: MessageFns<AbSample> = {
       writer.uint32(18).string(message.sessionId);
     }
     if (message.at !== undefined) {
-      Timestamp.encode(toTimestamp(message.at), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.at, writer.uint32(26).fork()).join();
     }
     if (message.sample !== undefined) {
       Struct.encode(Struct.wrap(message.sample), writer.uint32(34).fork()).join();
@@ -1137,7 +1139,7 @@ export const AbSample: MessageFns<AbSample> = {
               break;
             }
 
-            message.at = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.at = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 4: {
@@ -1182,7 +1184,7 @@ export const AbSample: MessageFns<AbSample> = {
       obj.sessionId = message.sessionId;
     }
     if (message.at !== undefined) {
-      obj.at = message.at.toISOString();
+      obj.at = Timestamp.toJSON(message.at);
     }
     if (message.sample !== undefined) {
       obj.sample = message.sample;
@@ -1197,7 +1199,7 @@ export const AbSample: MessageFns<AbSample> = {
     const message = createBaseAbSample();
     message.experiment = object.experiment ?? "";
     message.sessionId = object.sessionId ?? "";
-    message.at = object.at ?? undefined;
+    message.at = (object.at !== undefined && object.at !== null) ? Timestamp.fromPartial(object.at) : undefined;
     message.sample = object.sample ?? undefined;
     return message;
   },
@@ -1219,7 +1221,7 @@ export const PutAbSampleRequest: MessageFns<PutAbSampleRequest> = {
       writer.uint32(26).string(message.sessionId);
     }
     if (message.at !== undefined) {
-      Timestamp.encode(toTimestamp(message.at), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.at, writer.uint32(34).fork()).join();
     }
     if (message.sample !== undefined) {
       Struct.encode(Struct.wrap(message.sample), writer.uint32(42).fork()).join();
@@ -1272,7 +1274,7 @@ export const PutAbSampleRequest: MessageFns<PutAbSampleRequest> = {
               break;
             }
 
-            message.at = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.at = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -1334,7 +1336,7 @@ export const PutAbSampleRequest: MessageFns<PutAbSampleRequest> = {
       obj.sessionId = message.sessionId;
     }
     if (message.at !== undefined) {
-      obj.at = message.at.toISOString();
+      obj.at = Timestamp.toJSON(message.at);
     }
     if (message.sample !== undefined) {
       obj.sample = message.sample;
@@ -1353,7 +1355,7 @@ export const PutAbSampleRequest: MessageFns<PutAbSampleRequest> = {
     message.agent = object.agent ?? "";
     message.experiment = object.experiment ?? "";
     message.sessionId = object.sessionId ?? "";
-    message.at = object.at ?? undefined;
+    message.at = (object.at !== undefined && object.at !== null) ? Timestamp.fromPartial(object.at) : undefined;
     message.sample = object.sample ?? undefined;
     message.requestId = object.requestId ?? "";
     return message;
@@ -1758,7 +1760,7 @@ function createBasePutAbSnapshotResponse(): PutAbSnapshotResponse {
 export const PutAbSnapshotResponse: MessageFns<PutAbSnapshotResponse> = {
   encode(message: PutAbSnapshotResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(10).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(10).fork()).join();
     }
     return writer;
   },
@@ -1781,7 +1783,7 @@ export const PutAbSnapshotResponse: MessageFns<PutAbSnapshotResponse> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -1809,7 +1811,7 @@ export const PutAbSnapshotResponse: MessageFns<PutAbSnapshotResponse> = {
   toJSON(message: PutAbSnapshotResponse): unknown {
     const obj: any = {};
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = Timestamp.toJSON(message.updateTime);
     }
     return obj;
   },
@@ -1819,7 +1821,9 @@ export const PutAbSnapshotResponse: MessageFns<PutAbSnapshotResponse> = {
   },
   fromPartial<I extends Exact<DeepPartial<PutAbSnapshotResponse>, I>>(object: I): PutAbSnapshotResponse {
     const message = createBasePutAbSnapshotResponse();
-    message.updateTime = object.updateTime ?? undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -1904,7 +1908,7 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
       Struct.encode(Struct.wrap(message.snapshot), writer.uint32(18).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -1943,7 +1947,7 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -1979,7 +1983,7 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
       obj.snapshot = message.snapshot;
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = Timestamp.toJSON(message.updateTime);
     }
     return obj;
   },
@@ -1991,7 +1995,9 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
     const message = createBaseGetAbSnapshotResponse();
     message.found = object.found ?? false;
     message.snapshot = object.snapshot ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -2492,9 +2498,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -2503,13 +2509,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

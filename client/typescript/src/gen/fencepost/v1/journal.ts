@@ -173,7 +173,7 @@ export interface Archive {
   /** The archived journal's record count. */
   recordCount: string;
   /** When the journal was rotated. */
-  rotateTime: Date | undefined;
+  rotateTime: Timestamp | undefined;
 }
 
 /** ListArchivesRequest lists an agent's archives. */
@@ -840,7 +840,7 @@ export const Archive: MessageFns<Archive> = {
       writer.uint32(24).int64(message.recordCount);
     }
     if (message.rotateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.rotateTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.rotateTime, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -887,7 +887,7 @@ export const Archive: MessageFns<Archive> = {
               break;
             }
 
-            message.rotateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.rotateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -935,7 +935,7 @@ export const Archive: MessageFns<Archive> = {
       obj.recordCount = message.recordCount;
     }
     if (message.rotateTime !== undefined) {
-      obj.rotateTime = message.rotateTime.toISOString();
+      obj.rotateTime = Timestamp.toJSON(message.rotateTime);
     }
     return obj;
   },
@@ -948,7 +948,9 @@ export const Archive: MessageFns<Archive> = {
     message.name = object.name ?? "";
     message.sizeBytes = object.sizeBytes ?? "0";
     message.recordCount = object.recordCount ?? "0";
-    message.rotateTime = object.rotateTime ?? undefined;
+    message.rotateTime = (object.rotateTime !== undefined && object.rotateTime !== null)
+      ? Timestamp.fromPartial(object.rotateTime)
+      : undefined;
     return message;
   },
 };
@@ -1609,9 +1611,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -1620,13 +1622,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -35,7 +35,7 @@ export interface Lease {
   generation: string;
   /** When the lease expires by the server's clock. */
   expiresAt:
-    | Date
+    | Timestamp
     | undefined;
   /** True while a holder has it (granted, not released, not expired). */
   live: boolean;
@@ -65,11 +65,11 @@ export interface Session {
   seedLength: string;
   /** When the session was created. */
   createTime:
-    | Date
+    | Timestamp
     | undefined;
   /** The last commit (or creation). */
   lastActivityTime:
-    | Date
+    | Timestamp
     | undefined;
   /** Caller metadata given at open. */
   metadata: { [key: string]: string };
@@ -171,7 +171,7 @@ export interface SessionSummary {
   seq: string;
   /** The last activity. */
   lastActivityTime:
-    | Date
+    | Timestamp
     | undefined;
   /** Bytes of the session's log (fork prefix included). */
   totalBytes: string;
@@ -345,7 +345,7 @@ export interface InboxEvent {
   /** The dedupe key it was delivered with ("" when none). */
   dedupeKey: string;
   /** When it was parked. */
-  deliverTime: Date | undefined;
+  deliverTime: Timestamp | undefined;
 }
 
 /** DeliverRequest parks an event. */
@@ -487,7 +487,7 @@ export const Lease: MessageFns<Lease> = {
       writer.uint32(16).int64(message.generation);
     }
     if (message.expiresAt !== undefined) {
-      Timestamp.encode(toTimestamp(message.expiresAt), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.expiresAt, writer.uint32(26).fork()).join();
     }
     if (message.live !== false) {
       writer.uint32(32).bool(message.live);
@@ -532,7 +532,7 @@ export const Lease: MessageFns<Lease> = {
               break;
             }
 
-            message.expiresAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.expiresAt = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 4: {
@@ -590,7 +590,7 @@ export const Lease: MessageFns<Lease> = {
       obj.generation = message.generation;
     }
     if (message.expiresAt !== undefined) {
-      obj.expiresAt = message.expiresAt.toISOString();
+      obj.expiresAt = Timestamp.toJSON(message.expiresAt);
     }
     if (message.live !== false) {
       obj.live = message.live;
@@ -608,7 +608,9 @@ export const Lease: MessageFns<Lease> = {
     const message = createBaseLease();
     message.holderId = object.holderId ?? "";
     message.generation = object.generation ?? "0";
-    message.expiresAt = object.expiresAt ?? undefined;
+    message.expiresAt = (object.expiresAt !== undefined && object.expiresAt !== null)
+      ? Timestamp.fromPartial(object.expiresAt)
+      : undefined;
     message.live = object.live ?? false;
     message.released = object.released ?? false;
     return message;
@@ -658,10 +660,10 @@ export const Session: MessageFns<Session> = {
       writer.uint32(64).int64(message.seedLength);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(74).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(74).fork()).join();
     }
     if (message.lastActivityTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.lastActivityTime), writer.uint32(82).fork()).join();
+      Timestamp.encode(message.lastActivityTime, writer.uint32(82).fork()).join();
     }
     globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
       Session_MetadataEntry.encode({ key: key as any, value }, writer.uint32(90).fork()).join();
@@ -751,7 +753,7 @@ export const Session: MessageFns<Session> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 10: {
@@ -759,7 +761,7 @@ export const Session: MessageFns<Session> = {
               break;
             }
 
-            message.lastActivityTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.lastActivityTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 11: {
@@ -865,10 +867,10 @@ export const Session: MessageFns<Session> = {
       obj.seedLength = message.seedLength;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = Timestamp.toJSON(message.createTime);
     }
     if (message.lastActivityTime !== undefined) {
-      obj.lastActivityTime = message.lastActivityTime.toISOString();
+      obj.lastActivityTime = Timestamp.toJSON(message.lastActivityTime);
     }
     if (message.metadata) {
       const entries = globalThis.Object.entries(message.metadata) as [string, string][];
@@ -895,8 +897,12 @@ export const Session: MessageFns<Session> = {
     message.pending = object.pending ?? "0";
     message.parentSessionId = object.parentSessionId ?? "";
     message.seedLength = object.seedLength ?? "0";
-    message.createTime = object.createTime ?? undefined;
-    message.lastActivityTime = object.lastActivityTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.lastActivityTime = (object.lastActivityTime !== undefined && object.lastActivityTime !== null)
+      ? Timestamp.fromPartial(object.lastActivityTime)
+      : undefined;
     message.metadata = (globalThis.Object.entries(object.metadata ?? {}) as [string, string][]).reduce(
       (acc: { [key: string]: string }, [key, value]: [string, string]) => {
         if (value !== undefined) {
@@ -1793,7 +1799,7 @@ export const SessionSummary: MessageFns<SessionSummary> = {
       writer.uint32(24).int64(message.seq);
     }
     if (message.lastActivityTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.lastActivityTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.lastActivityTime, writer.uint32(34).fork()).join();
     }
     if (message.totalBytes !== "0") {
       writer.uint32(40).int64(message.totalBytes);
@@ -1843,7 +1849,7 @@ export const SessionSummary: MessageFns<SessionSummary> = {
               break;
             }
 
-            message.lastActivityTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.lastActivityTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -1904,7 +1910,7 @@ export const SessionSummary: MessageFns<SessionSummary> = {
       obj.seq = message.seq;
     }
     if (message.lastActivityTime !== undefined) {
-      obj.lastActivityTime = message.lastActivityTime.toISOString();
+      obj.lastActivityTime = Timestamp.toJSON(message.lastActivityTime);
     }
     if (message.totalBytes !== "0") {
       obj.totalBytes = message.totalBytes;
@@ -1920,7 +1926,9 @@ export const SessionSummary: MessageFns<SessionSummary> = {
     message.sessionId = object.sessionId ?? "";
     message.sessionKey = object.sessionKey ?? "";
     message.seq = object.seq ?? "0";
-    message.lastActivityTime = object.lastActivityTime ?? undefined;
+    message.lastActivityTime = (object.lastActivityTime !== undefined && object.lastActivityTime !== null)
+      ? Timestamp.fromPartial(object.lastActivityTime)
+      : undefined;
     message.totalBytes = object.totalBytes ?? "0";
     return message;
   },
@@ -3336,7 +3344,7 @@ export const InboxEvent: MessageFns<InboxEvent> = {
       writer.uint32(26).string(message.dedupeKey);
     }
     if (message.deliverTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.deliverTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.deliverTime, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -3383,7 +3391,7 @@ export const InboxEvent: MessageFns<InboxEvent> = {
               break;
             }
 
-            message.deliverTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.deliverTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -3431,7 +3439,7 @@ export const InboxEvent: MessageFns<InboxEvent> = {
       obj.dedupeKey = message.dedupeKey;
     }
     if (message.deliverTime !== undefined) {
-      obj.deliverTime = message.deliverTime.toISOString();
+      obj.deliverTime = Timestamp.toJSON(message.deliverTime);
     }
     return obj;
   },
@@ -3444,7 +3452,9 @@ export const InboxEvent: MessageFns<InboxEvent> = {
     message.inboxId = object.inboxId ?? "";
     message.payload = object.payload ?? Buffer.alloc(0);
     message.dedupeKey = object.dedupeKey ?? "";
-    message.deliverTime = object.deliverTime ?? undefined;
+    message.deliverTime = (object.deliverTime !== undefined && object.deliverTime !== null)
+      ? Timestamp.fromPartial(object.deliverTime)
+      : undefined;
     return message;
   },
 };
@@ -5503,9 +5513,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -5514,13 +5524,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -359,7 +359,7 @@ export interface MemoryUsage {
   /** Searches that returned the entry. */
   recallCount: string;
   /** When a search last returned it. */
-  lastRecalledAt: Date | undefined;
+  lastRecalledAt: Timestamp | undefined;
 }
 
 /** MemoryEntry is one remembered fact. */
@@ -372,7 +372,7 @@ export interface MemoryEntry {
   content: string;
   /** When it was written (transaction time). */
   createdAt:
-    | Date
+    | Timestamp
     | undefined;
   /** What sort of fact it is. */
   kind: MemoryKind;
@@ -383,11 +383,11 @@ export interface MemoryEntry {
   about: string[];
   /** When the fact starts holding (inclusive); unset is open. */
   validFrom:
-    | Date
+    | Timestamp
     | undefined;
   /** When the fact stops holding (exclusive); unset is open. */
   validUntil:
-    | Date
+    | Timestamp
     | undefined;
   /** The id of the entry this one replaces, if any. */
   supersedes: string;
@@ -434,11 +434,11 @@ export interface MemoryServiceAppendRequest {
   about: string[];
   /** Validity start (optional, inclusive). */
   validFrom:
-    | Date
+    | Timestamp
     | undefined;
   /** Validity end (optional, exclusive); must be after valid_from. */
   validUntil:
-    | Date
+    | Timestamp
     | undefined;
   /** A live entry of this agent that this one replaces (optional). */
   supersedes: string;
@@ -635,7 +635,7 @@ export interface MemoryTopic {
   count: number;
   /** The newest created_at among them. */
   lastUpdatedAt:
-    | Date
+    | Timestamp
     | undefined;
   /** The least trusted label among them. */
   trust: MemoryTrust;
@@ -805,7 +805,7 @@ export const MemoryUsage: MessageFns<MemoryUsage> = {
       writer.uint32(8).int64(message.recallCount);
     }
     if (message.lastRecalledAt !== undefined) {
-      Timestamp.encode(toTimestamp(message.lastRecalledAt), writer.uint32(18).fork()).join();
+      Timestamp.encode(message.lastRecalledAt, writer.uint32(18).fork()).join();
     }
     return writer;
   },
@@ -836,7 +836,7 @@ export const MemoryUsage: MessageFns<MemoryUsage> = {
               break;
             }
 
-            message.lastRecalledAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.lastRecalledAt = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -872,7 +872,7 @@ export const MemoryUsage: MessageFns<MemoryUsage> = {
       obj.recallCount = message.recallCount;
     }
     if (message.lastRecalledAt !== undefined) {
-      obj.lastRecalledAt = message.lastRecalledAt.toISOString();
+      obj.lastRecalledAt = Timestamp.toJSON(message.lastRecalledAt);
     }
     return obj;
   },
@@ -883,7 +883,9 @@ export const MemoryUsage: MessageFns<MemoryUsage> = {
   fromPartial<I extends Exact<DeepPartial<MemoryUsage>, I>>(object: I): MemoryUsage {
     const message = createBaseMemoryUsage();
     message.recallCount = object.recallCount ?? "0";
-    message.lastRecalledAt = object.lastRecalledAt ?? undefined;
+    message.lastRecalledAt = (object.lastRecalledAt !== undefined && object.lastRecalledAt !== null)
+      ? Timestamp.fromPartial(object.lastRecalledAt)
+      : undefined;
     return message;
   },
 };
@@ -921,7 +923,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
       writer.uint32(26).string(message.content);
     }
     if (message.createdAt !== undefined) {
-      Timestamp.encode(toTimestamp(message.createdAt), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.createdAt, writer.uint32(34).fork()).join();
     }
     if (message.kind !== 0) {
       writer.uint32(40).int32(message.kind);
@@ -930,10 +932,10 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
       writer.uint32(50).string(v!);
     }
     if (message.validFrom !== undefined) {
-      Timestamp.encode(toTimestamp(message.validFrom), writer.uint32(58).fork()).join();
+      Timestamp.encode(message.validFrom, writer.uint32(58).fork()).join();
     }
     if (message.validUntil !== undefined) {
-      Timestamp.encode(toTimestamp(message.validUntil), writer.uint32(66).fork()).join();
+      Timestamp.encode(message.validUntil, writer.uint32(66).fork()).join();
     }
     if (message.supersedes !== "") {
       writer.uint32(74).string(message.supersedes);
@@ -1004,7 +1006,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.createdAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createdAt = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -1028,7 +1030,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.validFrom = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.validFrom = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 8: {
@@ -1036,7 +1038,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.validUntil = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.validUntil = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 9: {
@@ -1166,7 +1168,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
       obj.content = message.content;
     }
     if (message.createdAt !== undefined) {
-      obj.createdAt = message.createdAt.toISOString();
+      obj.createdAt = Timestamp.toJSON(message.createdAt);
     }
     if (message.kind !== 0) {
       obj.kind = memoryKindToJSON(message.kind);
@@ -1175,10 +1177,10 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
       obj.about = message.about;
     }
     if (message.validFrom !== undefined) {
-      obj.validFrom = message.validFrom.toISOString();
+      obj.validFrom = Timestamp.toJSON(message.validFrom);
     }
     if (message.validUntil !== undefined) {
-      obj.validUntil = message.validUntil.toISOString();
+      obj.validUntil = Timestamp.toJSON(message.validUntil);
     }
     if (message.supersedes !== "") {
       obj.supersedes = message.supersedes;
@@ -1215,11 +1217,17 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
     message.id = object.id ?? "";
     message.agentId = object.agentId ?? "";
     message.content = object.content ?? "";
-    message.createdAt = object.createdAt ?? undefined;
+    message.createdAt = (object.createdAt !== undefined && object.createdAt !== null)
+      ? Timestamp.fromPartial(object.createdAt)
+      : undefined;
     message.kind = object.kind ?? 0;
     message.about = object.about?.map((e) => e) || [];
-    message.validFrom = object.validFrom ?? undefined;
-    message.validUntil = object.validUntil ?? undefined;
+    message.validFrom = (object.validFrom !== undefined && object.validFrom !== null)
+      ? Timestamp.fromPartial(object.validFrom)
+      : undefined;
+    message.validUntil = (object.validUntil !== undefined && object.validUntil !== null)
+      ? Timestamp.fromPartial(object.validUntil)
+      : undefined;
     message.supersedes = object.supersedes ?? "";
     message.metadata = object.metadata ?? undefined;
     message.provenance = (object.provenance !== undefined && object.provenance !== null)
@@ -1266,10 +1274,10 @@ export const MemoryServiceAppendRequest: MessageFns<MemoryServiceAppendRequest> 
       writer.uint32(34).string(v!);
     }
     if (message.validFrom !== undefined) {
-      Timestamp.encode(toTimestamp(message.validFrom), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.validFrom, writer.uint32(42).fork()).join();
     }
     if (message.validUntil !== undefined) {
-      Timestamp.encode(toTimestamp(message.validUntil), writer.uint32(50).fork()).join();
+      Timestamp.encode(message.validUntil, writer.uint32(50).fork()).join();
     }
     if (message.supersedes !== "") {
       writer.uint32(58).string(message.supersedes);
@@ -1336,7 +1344,7 @@ export const MemoryServiceAppendRequest: MessageFns<MemoryServiceAppendRequest> 
               break;
             }
 
-            message.validFrom = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.validFrom = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 6: {
@@ -1344,7 +1352,7 @@ export const MemoryServiceAppendRequest: MessageFns<MemoryServiceAppendRequest> 
               break;
             }
 
-            message.validUntil = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.validUntil = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 7: {
@@ -1437,10 +1445,10 @@ export const MemoryServiceAppendRequest: MessageFns<MemoryServiceAppendRequest> 
       obj.about = message.about;
     }
     if (message.validFrom !== undefined) {
-      obj.validFrom = message.validFrom.toISOString();
+      obj.validFrom = Timestamp.toJSON(message.validFrom);
     }
     if (message.validUntil !== undefined) {
-      obj.validUntil = message.validUntil.toISOString();
+      obj.validUntil = Timestamp.toJSON(message.validUntil);
     }
     if (message.supersedes !== "") {
       obj.supersedes = message.supersedes;
@@ -1466,8 +1474,12 @@ export const MemoryServiceAppendRequest: MessageFns<MemoryServiceAppendRequest> 
     message.content = object.content ?? "";
     message.kind = object.kind ?? 0;
     message.about = object.about?.map((e) => e) || [];
-    message.validFrom = object.validFrom ?? undefined;
-    message.validUntil = object.validUntil ?? undefined;
+    message.validFrom = (object.validFrom !== undefined && object.validFrom !== null)
+      ? Timestamp.fromPartial(object.validFrom)
+      : undefined;
+    message.validUntil = (object.validUntil !== undefined && object.validUntil !== null)
+      ? Timestamp.fromPartial(object.validUntil)
+      : undefined;
     message.supersedes = object.supersedes ?? "";
     message.metadata = object.metadata ?? undefined;
     message.provenance = (object.provenance !== undefined && object.provenance !== null)
@@ -3194,7 +3206,7 @@ export const MemoryTopic: MessageFns<MemoryTopic> = {
       writer.uint32(16).int32(message.count);
     }
     if (message.lastUpdatedAt !== undefined) {
-      Timestamp.encode(toTimestamp(message.lastUpdatedAt), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.lastUpdatedAt, writer.uint32(26).fork()).join();
     }
     if (message.trust !== 0) {
       writer.uint32(32).int32(message.trust);
@@ -3236,7 +3248,7 @@ export const MemoryTopic: MessageFns<MemoryTopic> = {
               break;
             }
 
-            message.lastUpdatedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.lastUpdatedAt = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 4: {
@@ -3281,7 +3293,7 @@ export const MemoryTopic: MessageFns<MemoryTopic> = {
       obj.count = Math.round(message.count);
     }
     if (message.lastUpdatedAt !== undefined) {
-      obj.lastUpdatedAt = message.lastUpdatedAt.toISOString();
+      obj.lastUpdatedAt = Timestamp.toJSON(message.lastUpdatedAt);
     }
     if (message.trust !== 0) {
       obj.trust = memoryTrustToJSON(message.trust);
@@ -3296,7 +3308,9 @@ export const MemoryTopic: MessageFns<MemoryTopic> = {
     const message = createBaseMemoryTopic();
     message.name = object.name ?? "";
     message.count = object.count ?? 0;
-    message.lastUpdatedAt = object.lastUpdatedAt ?? undefined;
+    message.lastUpdatedAt = (object.lastUpdatedAt !== undefined && object.lastUpdatedAt !== null)
+      ? Timestamp.fromPartial(object.lastUpdatedAt)
+      : undefined;
     message.trust = object.trust ?? 0;
     return message;
   },
@@ -4573,9 +4587,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -4584,13 +4598,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -121,7 +121,7 @@ export interface Reminder {
    * are refused at creation, and rejected in records committed directly).
    */
   scheduledAt:
-    | Date
+    | Timestamp
     | undefined;
   /** Scheduled or overdue, by the server's clock at this read. */
   status: ReminderStatus;
@@ -156,7 +156,7 @@ export interface CreateReminderRequest {
     | undefined;
   /** Unsupported: an absolute target. */
   at?:
-    | Date
+    | Timestamp
     | undefined;
   /** Unsupported: a recurring interval. */
   everySeconds?:
@@ -218,7 +218,7 @@ export interface ListRemindersResponse {
   seq: string;
   /** The server's clock at the read (what `status` was derived from). */
   readTime:
-    | Date
+    | Timestamp
     | undefined;
   /** Tagged records the decoder refused (first page only). */
   rejectedRecords: RejectedRecord[];
@@ -244,7 +244,7 @@ export interface DueRemindersResponse {
   seq: string;
   /** The server's clock at the read. */
   readTime:
-    | Date
+    | Timestamp
     | undefined;
   /** Tagged records the decoder refused (first page only). */
   rejectedRecords: RejectedRecord[];
@@ -301,7 +301,7 @@ export const Reminder: MessageFns<Reminder> = {
       writer.uint32(24).int64(message.afterSeconds);
     }
     if (message.scheduledAt !== undefined) {
-      Timestamp.encode(toTimestamp(message.scheduledAt), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.scheduledAt, writer.uint32(34).fork()).join();
     }
     if (message.status !== 0) {
       writer.uint32(40).int32(message.status);
@@ -357,7 +357,7 @@ export const Reminder: MessageFns<Reminder> = {
               break;
             }
 
-            message.scheduledAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.scheduledAt = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -432,7 +432,7 @@ export const Reminder: MessageFns<Reminder> = {
       obj.afterSeconds = message.afterSeconds;
     }
     if (message.scheduledAt !== undefined) {
-      obj.scheduledAt = message.scheduledAt.toISOString();
+      obj.scheduledAt = Timestamp.toJSON(message.scheduledAt);
     }
     if (message.status !== 0) {
       obj.status = reminderStatusToJSON(message.status);
@@ -454,7 +454,9 @@ export const Reminder: MessageFns<Reminder> = {
     message.id = object.id ?? "";
     message.prompt = object.prompt ?? "";
     message.afterSeconds = object.afterSeconds ?? "0";
-    message.scheduledAt = object.scheduledAt ?? undefined;
+    message.scheduledAt = (object.scheduledAt !== undefined && object.scheduledAt !== null)
+      ? Timestamp.fromPartial(object.scheduledAt)
+      : undefined;
     message.status = object.status ?? 0;
     message.deliveryMode = object.deliveryMode ?? 0;
     message.seq = object.seq ?? "0";
@@ -575,7 +577,7 @@ export const CreateReminderRequest: MessageFns<CreateReminderRequest> = {
       writer.uint32(32).int64(message.afterSeconds);
     }
     if (message.at !== undefined) {
-      Timestamp.encode(toTimestamp(message.at), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.at, writer.uint32(42).fork()).join();
     }
     if (message.everySeconds !== undefined) {
       writer.uint32(48).int64(message.everySeconds);
@@ -639,7 +641,7 @@ export const CreateReminderRequest: MessageFns<CreateReminderRequest> = {
               break;
             }
 
-            message.at = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.at = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 6: {
@@ -722,7 +724,7 @@ export const CreateReminderRequest: MessageFns<CreateReminderRequest> = {
       obj.afterSeconds = message.afterSeconds;
     }
     if (message.at !== undefined) {
-      obj.at = message.at.toISOString();
+      obj.at = Timestamp.toJSON(message.at);
     }
     if (message.everySeconds !== undefined) {
       obj.everySeconds = message.everySeconds;
@@ -745,7 +747,7 @@ export const CreateReminderRequest: MessageFns<CreateReminderRequest> = {
     message.generation = object.generation ?? "0";
     message.prompt = object.prompt ?? "";
     message.afterSeconds = object.afterSeconds ?? undefined;
-    message.at = object.at ?? undefined;
+    message.at = (object.at !== undefined && object.at !== null) ? Timestamp.fromPartial(object.at) : undefined;
     message.everySeconds = object.everySeconds ?? undefined;
     message.cron = object.cron ?? undefined;
     message.timeZone = object.timeZone ?? "";
@@ -1159,7 +1161,7 @@ export const ListRemindersResponse: MessageFns<ListRemindersResponse> = {
       writer.uint32(24).int64(message.seq);
     }
     if (message.readTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.readTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.readTime, writer.uint32(34).fork()).join();
     }
     for (const v of message.rejectedRecords) {
       RejectedRecord.encode(v!, writer.uint32(42).fork()).join();
@@ -1209,7 +1211,7 @@ export const ListRemindersResponse: MessageFns<ListRemindersResponse> = {
               break;
             }
 
-            message.readTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.readTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -1268,7 +1270,7 @@ export const ListRemindersResponse: MessageFns<ListRemindersResponse> = {
       obj.seq = message.seq;
     }
     if (message.readTime !== undefined) {
-      obj.readTime = message.readTime.toISOString();
+      obj.readTime = Timestamp.toJSON(message.readTime);
     }
     if (message.rejectedRecords?.length) {
       obj.rejectedRecords = message.rejectedRecords.map((e) => RejectedRecord.toJSON(e));
@@ -1284,7 +1286,9 @@ export const ListRemindersResponse: MessageFns<ListRemindersResponse> = {
     message.reminders = object.reminders?.map((e) => Reminder.fromPartial(e)) || [];
     message.nextPageToken = object.nextPageToken ?? "";
     message.seq = object.seq ?? "0";
-    message.readTime = object.readTime ?? undefined;
+    message.readTime = (object.readTime !== undefined && object.readTime !== null)
+      ? Timestamp.fromPartial(object.readTime)
+      : undefined;
     message.rejectedRecords = object.rejectedRecords?.map((e) => RejectedRecord.fromPartial(e)) || [];
     return message;
   },
@@ -1419,7 +1423,7 @@ export const DueRemindersResponse: MessageFns<DueRemindersResponse> = {
       writer.uint32(24).int64(message.seq);
     }
     if (message.readTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.readTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.readTime, writer.uint32(34).fork()).join();
     }
     for (const v of message.rejectedRecords) {
       RejectedRecord.encode(v!, writer.uint32(42).fork()).join();
@@ -1469,7 +1473,7 @@ export const DueRemindersResponse: MessageFns<DueRemindersResponse> = {
               break;
             }
 
-            message.readTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.readTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -1528,7 +1532,7 @@ export const DueRemindersResponse: MessageFns<DueRemindersResponse> = {
       obj.seq = message.seq;
     }
     if (message.readTime !== undefined) {
-      obj.readTime = message.readTime.toISOString();
+      obj.readTime = Timestamp.toJSON(message.readTime);
     }
     if (message.rejectedRecords?.length) {
       obj.rejectedRecords = message.rejectedRecords.map((e) => RejectedRecord.toJSON(e));
@@ -1544,7 +1548,9 @@ export const DueRemindersResponse: MessageFns<DueRemindersResponse> = {
     message.reminders = object.reminders?.map((e) => Reminder.fromPartial(e)) || [];
     message.nextPageToken = object.nextPageToken ?? "";
     message.seq = object.seq ?? "0";
-    message.readTime = object.readTime ?? undefined;
+    message.readTime = (object.readTime !== undefined && object.readTime !== null)
+      ? Timestamp.fromPartial(object.readTime)
+      : undefined;
     message.rejectedRecords = object.rejectedRecords?.map((e) => RejectedRecord.fromPartial(e)) || [];
     return message;
   },
@@ -2323,9 +2329,9 @@ export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
-  const seconds = Math.trunc(date.getTime() / 1_000).toString();
-  const nanos = (date.getTime() % 1_000) * 1_000_000;
-  return { seconds, nanos };
+  const millis = date.getTime();
+  const seconds = Math.floor(millis / 1_000);
+  return { seconds: seconds.toString(), nanos: (millis - seconds * 1_000) * 1_000_000 };
 }
 
 function fromTimestamp(t: Timestamp): Date {
@@ -2334,13 +2340,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 
