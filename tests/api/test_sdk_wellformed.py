@@ -11,9 +11,12 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
 import fencepost
 from fencepost import errors, reasons
+from fencepost._text import refuse_unencodable
+from fencepost.v1 import kv_pb2
 
 BAD = "a\udc80"
 
@@ -129,6 +132,34 @@ def test_txn_helpers_refuse_a_surrogate(build: Callable[[], Any], field: str) ->
         build()
     assert type(caught.value) is (errors.FieldInvalid if field == "version" else errors.KeyInvalid)
     assert caught.value.field_violations == {field: f"{field} is not valid UTF-8 (it holds a lone surrogate)"}
+
+
+async def test_leaving_a_wrapped_listing_early_closes_the_method_s_generator_at_once() -> None:
+    """The wrapper around async-generator methods closes the one it wraps when
+    the caller stops reading (its `finally` runs then, not when the loop's
+    finalizer gets to it)."""
+    ended: list[str] = []
+
+    async def listing(self: object, prefix: str) -> AsyncIterator[str]:
+        try:
+            while True:
+                yield prefix
+        finally:
+            ended.append(prefix)
+
+    items = refuse_unencodable(listing)(None, "p")
+    assert await items.__anext__() == "p"
+    await items.aclose()
+    assert ended == ["p"]
+    with pytest.raises(errors.FieldInvalid):
+        await refuse_unencodable(_encodes)(None, "k", {"a": BAD})
+    with pytest.raises(errors.KeyInvalid):
+        await refuse_unencodable(_encodes, frozenset({"key"}))(None, BAD, {})
+
+
+async def _encodes(self: object, key: str, labels: dict[str, str]) -> None:
+    kv_pb2.PutRequest(key=key)
+    struct_pb2.Struct().update(labels)
 
 
 def test_the_blocking_client_raises_the_same() -> None:
