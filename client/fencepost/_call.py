@@ -92,13 +92,18 @@ def translate(exc: grpc.aio.AioRpcError | grpc.RpcError) -> FencepostError:
 
 
 def _details(status: status_pb2.Status) -> tuple[str, dict[str, str], dict[str, str]]:
-    """The ErrorInfo reason and metadata and the BadRequest field violations of a Status."""
+    """The ErrorInfo reason and metadata and the BadRequest field violations of a Status.
+
+    Only an ErrorInfo of fencepost's domain counts: one from another domain (a
+    proxy's, another service's) whose reason happens to be one of fencepost's
+    says nothing about fencepost's state, so it is read as no ErrorInfo at all."""
     reason, meta, violations = "", {}, {}
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            reason, meta = info.reason, dict(info.metadata)
+            if info.domain == reasons.DOMAIN:
+                reason, meta = info.reason, dict(info.metadata)
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._call import paged
+from ._text import check_text
 from .ids import new_request_id
 from .v1 import kv_pb2, kv_pb2_grpc
 
@@ -36,9 +37,12 @@ def compare(key: str, *, exists: bool | None = None, version: str | None = None,
     given = sum(target is not None for target in (exists, version, value))
     if given > 1:  # a compare has one target: the others would be dropped, checking less than asked
         raise ValueError("compare takes exactly one of exists / version / value")
+    # built before any client call: text protobuf cannot encode is the client methods' typed error here too
+    check_text("key", key, key=True)
     if exists is not None:
         return kv_pb2.Compare(key=key, exists=exists)
     if version is not None:
+        check_text("version", version)
         return kv_pb2.Compare(key=key, version=version)
     if value is not None:
         return kv_pb2.Compare(key=key, value=value)
@@ -46,10 +50,12 @@ def compare(key: str, *, exists: bool | None = None, version: str | None = None,
 
 
 def put_op(key: str, value: bytes) -> kv_pb2.TxnOp:
+    check_text("put.key", key, key=True)
     return kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key=key, value=value))
 
 
 def delete_op(key: str) -> kv_pb2.TxnOp:
+    check_text("delete_key", key, key=True)
     return kv_pb2.TxnOp(delete_key=key)
 
 

@@ -25,6 +25,7 @@ from ._kv import KvMethods
 from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
 from ._schedule import ScheduleMethods
+from ._text import refuse_unencodable
 from .v1 import (
     admin_pb2_grpc,
     evals_pb2_grpc,
@@ -179,6 +180,21 @@ def _sync_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+#: the KV methods' arguments that are keys: refused as KeyInvalid, the others as FieldInvalid
+_KV_KEY_ARGS = frozenset({"key", "prefix"})
+
+
+def _refuse_unencodable_text() -> None:
+    """Every public method raises the typed error for an argument protobuf cannot encode (see _text)."""
+    for name, fn in inspect.getmembers(AsyncClient, inspect.isfunction):
+        if name.startswith("_") or name == "close":
+            continue
+        if not (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)):
+            continue
+        keys = _KV_KEY_ARGS if name in vars(KvMethods) else frozenset()
+        setattr(AsyncClient, name, refuse_unencodable(fn, keys))
+
+
 def _derive_sync() -> None:
     for name, fn in inspect.getmembers(AsyncClient, inspect.isfunction):
         if name.startswith("_") or name in ("close",):
@@ -187,4 +203,5 @@ def _derive_sync() -> None:
             setattr(Client, name, _sync_method(name, fn))
 
 
+_refuse_unencodable_text()
 _derive_sync()

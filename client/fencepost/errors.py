@@ -1,6 +1,8 @@
 """Typed exceptions. Every error the server returns becomes one of these, chosen
 by its google.rpc.ErrorInfo reason (else by status code), keeping the status,
 the server's message, the metadata and the original gRPC error as `__cause__`.
+Only an ErrorInfo of fencepost's domain (`reasons.DOMAIN`) names a reason: one
+from another domain (a proxy in front, say) leaves the status code's class.
 User code never needs to import grpc to handle them.
 """
 

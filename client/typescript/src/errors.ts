@@ -78,7 +78,7 @@ export function isReason(err: unknown, reason: ErrorReason): err is FencepostErr
   return err instanceof FencepostError && err.reason === reason;
 }
 
-/** The Status, ErrorInfo and BadRequest of the details trailer; none when the
+/** The Status, ErrorInfo (fencepost's domain only) and BadRequest of the details trailer; none when the
  * trailer does not decode (a proxy's, say): the error keeps the call's code and
  * message. Throwing here would escape from grpc-js's status callback. */
 function decodeDetails(metadata: Metadata | undefined): Partial<ErrorFields> {
@@ -98,6 +98,10 @@ function decodeStatus(metadata: Metadata | undefined): Partial<ErrorFields> {
     const type = any.typeUrl.slice(any.typeUrl.lastIndexOf("/") + 1);
     if (type === "google.rpc.ErrorInfo") {
       const info = ErrorInfo.decode(any.value);
+      // Another domain's ErrorInfo (a proxy's, another service's) is read as
+      // none, even when its reason spells one of fencepost's: it says nothing
+      // about fencepost's state.
+      if (info.domain !== DOMAIN) continue;
       Object.assign(out, { reason: info.reason, domain: info.domain, metadata: info.metadata });
     } else if (type === "google.rpc.BadRequest") {
       const bad = BadRequest.decode(any.value);

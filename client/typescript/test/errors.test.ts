@@ -5,9 +5,14 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
-import { status } from "@grpc/grpc-js";
+import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
-import { ErrorReason, FencepostClient, FencepostError, evals, reasonFromString, reasonToString, schedule, storeApi, timestampNow } from "../src";
+import {
+  DOMAIN, ErrorReason, FencepostClient, FencepostError, evals, fromServiceError, reasonFromString, reasonToString, schedule,
+  storeApi, timestampNow,
+} from "../src";
+import { ErrorInfo } from "../src/gen/google/rpc/error_details";
+import { Status } from "../src/gen/google/rpc/status";
 import { expectReason, newClient, target, unique } from "./support";
 
 const fp = newClient();
@@ -122,5 +127,51 @@ test("a request over the client's own send limit is MESSAGE_TOO_LARGE too", asyn
     assert.deepEqual([err.code, err.reason], [RESOURCE_EXHAUSTED, ErrorReason.MESSAGE_TOO_LARGE], err.message);
   } finally {
     small.close();
+  }
+});
+
+/** A failed call whose google.rpc.Status carries `infos`. */
+function failed(code: status, ...infos: Partial<ErrorInfo>[]): ServiceError {
+  const details = infos.map((info) => ({
+    typeUrl: "type.googleapis.com/google.rpc.ErrorInfo",
+    value: Buffer.from(ErrorInfo.encode(ErrorInfo.fromPartial(info)).finish()),
+  }));
+  const md = new Metadata();
+  md.set("grpc-status-details-bin", Buffer.from(Status.encode({ code, message: "refused", details }).finish()));
+  return { code, details: "refused", metadata: md } as unknown as ServiceError;
+}
+
+test("an ErrorInfo of fencepost's domain gives its reason and metadata", () => {
+  const err = fromServiceError(failed(FAILED_PRECONDITION, { reason: "LEASE_FENCED", domain: DOMAIN, metadata: { generation: "3" } }));
+  assert.equal(DOMAIN, "fencepost.dev");
+  assert.deepEqual([err.reason, err.reasonString, err.domain, { ...err.metadata }],
+    [ErrorReason.LEASE_FENCED, "LEASE_FENCED", DOMAIN, { generation: "3" }]);
+});
+
+test("an ErrorInfo of another domain is read as none: no reason, whatever it spells", () => {
+  // a proxy or another service in front whose reason happens to be one of
+  // fencepost's says nothing about fencepost's state (a LEASE_FENCED from a
+  // proxy must not make a holder stop)
+  for (const domain of ["proxy.example.com", "googleapis.com", ""]) {
+    for (const [code, reason] of [[FAILED_PRECONDITION, "LEASE_FENCED"], [status.UNAVAILABLE, "BACKEND_UNAVAILABLE"],
+      [INVALID_ARGUMENT, "KEY_INVALID"], [NOT_FOUND, "SESSION_NOT_FOUND"]] as const) {
+      const err = fromServiceError(failed(code, { reason, domain, metadata: { generation: "3" } }));
+      assert.ok(err instanceof FencepostError);
+      assert.deepEqual(
+        [err.code, err.reason, err.reasonString, err.domain, { ...err.metadata }, err.detail],
+        [code, ErrorReason.UNSPECIFIED, "", "", {}, "refused"],
+        `${domain}/${reason}`,
+      );
+      assert.equal(err.is(reasonFromString(reason)), false);
+    }
+  }
+});
+
+test("fencepost's ErrorInfo wins over another domain's, in either order", () => {
+  const ours = { reason: "SEQUENCE_MISMATCH", domain: DOMAIN, metadata: { head: "4" } };
+  const theirs = { reason: "LEASE_FENCED", domain: "proxy.example.com", metadata: { generation: "3" } };
+  for (const infos of [[ours, theirs], [theirs, ours]]) {
+    const err = fromServiceError(failed(FAILED_PRECONDITION, ...infos));
+    assert.deepEqual([err.reason, err.domain, { ...err.metadata }], [ErrorReason.SEQUENCE_MISMATCH, DOMAIN, { head: "4" }]);
   }
 });
