@@ -140,17 +140,39 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     # files is handled after: a second, harmless read.
     built: list[App] = []
     loop.add_signal_handler(signal.SIGHUP, lambda: built and built[0].reload_identities())
-    app = App(settings, storage=open_storage(settings))
-    built.append(app)
+    # SIGTERM / SIGINT are handled from here on too: one that arrives while
+    # the server starts (the backend open, the probe) cancels the start-up,
+    # and what was opened is closed. SIGTERM's default action would kill the
+    # process with the SQLite writer and connections never closed.
+    stop = asyncio.Event()
+    starting = asyncio.current_task()
+    cancel_on_stop = True  # only while starting: never a drain or a close cut short
+
+    def on_stop() -> None:
+        if cancel_on_stop and not stop.is_set() and starting is not None:
+            starting.cancel()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop)
+    storage = open_storage(settings)
+    app: App | None = None
     try:
+        app = App(settings, storage=storage)
+        built.append(app)
         if create_table:
             from .cli_dynamodb import ensure_table
 
             await ensure_table(app.storage)
         port = await app.start()
-    except BaseException:
-        await app.storage.close()
+    except BaseException as exc:
+        cancel_on_stop = False
+        await _close_unstarted(app, storage)
+        if isinstance(exc, asyncio.CancelledError) and stop.is_set():
+            say("fencepost stopped before serving")
+            return Exit.INTERRUPTED
         raise
+    cancel_on_stop = False  # from here a stop drains
     # Everything built so far lives as long as the process: keep it out of the
     # collector's scans so per-call garbage collection stays cheap.
     gc.freeze()
@@ -160,10 +182,6 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     if app.backend_problem:
         backend += f" (NOT SERVING until it answers: {app.backend_problem})"
     extra = f" — {tracing_line}" if tracing_line else ""
-    # before the start-up line: whoever waits for it may stop the server at once
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     say(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}")
     if app.metrics_port is not None:
         say(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics")
@@ -172,6 +190,17 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     await app.stop()
     say("fencepost stopped")
     return Exit.OK
+
+
+async def _close_unstarted(app: object, storage: object) -> None:
+    """A start-up that failed or was stopped: stop what `App.start` got
+    running (the port, when bound) and close the backend, either way."""
+    from .app import App
+
+    if isinstance(app, App) and app.server is not None:
+        await app.stop(0)
+    else:
+        await storage.close()  # type: ignore[attr-defined]
 
 
 def say(line: str) -> None:
