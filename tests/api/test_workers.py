@@ -271,3 +271,42 @@ def test_a_worker_that_fails_unexpectedly_at_its_first_start_stops_the_server(tm
     assert res.returncode == 1, (res.returncode, res.stderr)
     assert "a bug in start-up" in res.stderr and "Traceback" not in res.stderr
     assert "restarting" not in res.stderr
+
+
+def test_a_worker_whose_drain_fails_makes_the_supervisor_exit_non_zero(tmp_path: Path) -> None:
+    """A worker that exits non-zero on its way down (its drain failed) fails
+    the stop: the supervisor exits 1 and names the worker, as one process's
+    failed drain exits 1, instead of 0 ("stopped cleanly")."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('FENCEPOST_WORKER') == '1':\n"
+        "    from fencepost_server.app import App\n"
+        "    real_stop = App.stop\n"
+        "    async def broken(self, *args, **kwargs):\n"
+        "        await real_stop(self, *args, **kwargs)\n"
+        "        raise RuntimeError('a bug in the drain')\n"
+        "    App.stop = broken\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    port = free_port()
+    out = tmp_path / "server.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}",
+             "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2", "--grace", "1"],
+            stdout=stdout, stderr=subprocess.PIPE, env={**env, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        _wait_for(lambda: proc.poll() is not None or out.read_text().count("fencepost serving on") == 2,
+                  "two workers")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert code == 1, (code, stderr)
+    assert "a bug in the drain" in stderr
+    started = re.search(r"fencepost worker 1 started \(pid (\d+)\)", out.read_text())
+    assert started, out.read_text()
+    assert re.search(rf"worker 1 \(pid {started[1]}\) failed while stopping \(exit 1\)", stderr), stderr
+    assert "worker 0 (pid" not in stderr  # the worker that drained cleanly is not blamed
