@@ -47,6 +47,8 @@ class Exit:
 _MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and value must fit in one list page, "
                                                      "half of it; gRPC's limit is a 32-bit integer")
 
+_WORKERS = int_between(1, workers.MAX_WORKERS, "each worker is a whole server process")
+
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server",
@@ -66,9 +68,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="largest request or response message in bytes (default %(default)s)")
     p.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
                    help="run on uvloop when installed (default: on)")
-    p.add_argument("--workers", type=positive_int, metavar="N", default=1,
-                   help="server processes sharing the port, one event loop each; sqlite or dynamodb "
-                        "(default %(default)s, see docs/performance.md)")
+    p.add_argument("--workers", type=_WORKERS, metavar="N", default=1,
+                   help=f"server processes sharing the port, one event loop each, 1..{workers.MAX_WORKERS}; "
+                        "sqlite or dynamodb (default %(default)s, see docs/performance.md)")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
     sec.add_argument("--tokens-file", type=readable_file, metavar="FILE", help="JSON file of SHA-256 token hashes -> tenant + role")
     sec.add_argument("--spiffe-map", type=readable_file, metavar="FILE", help="JSON file of SPIFFE ids -> tenant + role")

@@ -56,6 +56,10 @@ _CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
 #: stopped before it served (cli.Exit.INTERRUPTED)
 _STOPPED_CLEANLY = (0, 130)
 READY_LINE = b"fencepost serving on"
+#: the most `--workers`: each is a whole server (its own process, event loop,
+#: backend connections and background loops). Past a core each they only
+#: contend; a host with more cores than this runs another replica instead.
+MAX_WORKERS = 64
 
 
 def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
@@ -72,8 +76,8 @@ def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
 
 def refusal(settings: Settings, workers: int) -> str | None:
     """Why `workers` processes cannot serve these settings (None when they can)."""
-    if workers < 1:
-        return f"--workers must be at least 1 (got {workers})"
+    if not 1 <= workers <= MAX_WORKERS:
+        return f"--workers must be 1..{MAX_WORKERS} (got {workers})"
     if workers > 1 and settings.backend_scheme() == "memory":
         return ("--workers > 1 needs a shared backend (sqlite or dynamodb): "
                 "each worker of memory:// would hold its own separate data")

@@ -310,3 +310,31 @@ def test_a_worker_whose_drain_fails_makes_the_supervisor_exit_non_zero(tmp_path:
     assert started, out.read_text()
     assert re.search(rf"worker 1 \(pid {started[1]}\) failed while stopping \(exit 1\)", stderr), stderr
     assert "worker 0 (pid" not in stderr  # the worker that drained cleanly is not blamed
+
+
+@pytest.mark.parametrize("workers", ["65", "100000"])
+def test_workers_past_the_cap_are_a_usage_error(tmp_path: Path, workers: str) -> None:
+    """--workers has a ceiling (64): each worker is a whole server process, and
+    --workers 100000 would fork until the machine gave out instead of failing."""
+    from fencepost_server.workers import MAX_WORKERS
+
+    assert MAX_WORKERS == 64  # the documented cap (README, docs/cli.md)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
+         "--state-root", str(tmp_path), "--workers", workers],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.startswith("fencepost: error: argument --workers: expected an integer >= 1 and <= 64"), res.stderr
+    assert "fencepost worker" not in res.stdout  # refused before any worker started
+    assert not (tmp_path / "fencepost.db").exists()
+
+
+def test_workers_at_the_cap_pass_the_checks() -> None:
+    from fencepost_server.cli import build_parser
+    from fencepost_server.config import Settings
+    from fencepost_server.workers import MAX_WORKERS, refusal
+
+    assert build_parser().parse_args(["serve", "--workers", str(MAX_WORKERS)]).workers == MAX_WORKERS
+    assert refusal(Settings(), MAX_WORKERS) is None
+    assert "--workers" in (refusal(Settings(), MAX_WORKERS + 1) or "")
