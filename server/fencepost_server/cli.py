@@ -47,6 +47,7 @@ class Exit:
 _MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and value must fit in one list page, "
                                                      "half of it; gRPC's limit is a 32-bit integer")
 
+_STATE_ROOT = Path(".fencepost")
 _WORKERS = int_between(1, workers.MAX_WORKERS, "each worker is a whole server process")
 
 
@@ -57,8 +58,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                               "see docs/cli.md")
     p.add_argument("--listen", type=host_port, metavar="HOST:PORT", default="127.0.0.1:50051",
                    help="HOST:PORT to serve gRPC on, PORT 1..65535 or 0 for any free one (default %(default)s)")
-    p.add_argument("--state-root", default=".fencepost", type=Path, metavar="DIR",
-                   help="directory of the default SQLite backend's fencepost.db (default %(default)s)")
+    # default None: given together with --backend it is refused, not ignored (see _preflight)
+    p.add_argument("--state-root", default=None, type=Path, metavar="DIR",
+                   help=f"directory of the default SQLite backend's fencepost.db, not with --backend "
+                        f"(default {_STATE_ROOT})")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="backend URL: memory://, sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R "
                         "(default: sqlite under --state-root)")
@@ -109,7 +112,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings(
         listen=args.listen,
-        state_root=args.state_root,
+        state_root=args.state_root or _STATE_ROOT,
         backend=args.backend,
         grace_seconds=args.grace,
         max_receive_bytes=args.max_receive_bytes,
@@ -218,6 +221,9 @@ def _preflight(args: argparse.Namespace) -> Settings:
     """Every check that needs no running server: flags together, files,
     then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
+    if args.state_root is not None and args.backend is not None:
+        raise ConfigError(f"argument --state-root: only places the default SQLite backend's fencepost.db; "
+                          f"--backend {args.backend} says where the data is (give one of the two)")
     check_config(settings, insecure=args.insecure)
     if args.create_table and settings.backend_scheme() != "dynamodb":
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")

@@ -25,8 +25,10 @@ def serve(*argv: str, cwd: Path, prefix: tuple[str, ...] = (), timeout: float = 
     A free port unless the test names one: runs in parallel never meet on the default."""
     if "--listen" not in argv:
         argv = ("--listen", "127.0.0.1:0", *argv)
+    if "--backend" not in argv and "--state-root" not in argv:  # --state-root is the default backend's only
+        argv = ("--state-root", str(cwd / "state"), *argv)
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "fencepost_server", "serve", "--state-root", str(cwd / "state"), *argv],
+        [*prefix, sys.executable, "-m", "fencepost_server", "serve", *argv],
         capture_output=True, text=True, timeout=timeout, cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -202,6 +204,18 @@ def test_version(tmp_path: Path) -> None:
 def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
     assert_refused(serve("--create-table", "--backend", "memory://", cwd=tmp_path), USAGE,
                    "--create-table", "dynamodb://")
+
+
+@pytest.mark.parametrize("backend", ["memory://", "sqlite://{tmp}/elsewhere.db", "dynamodb://t?region=us-east-1"])
+def test_state_root_with_a_backend_is_refused(tmp_path: Path, backend: str) -> None:
+    """--state-root only places the default SQLite file: with --backend it
+    would be ignored, and an operator who gave both (expecting the data under
+    the state root) would find it elsewhere."""
+    res = serve("--state-root", str(tmp_path / "state"), "--backend", backend.format(tmp=tmp_path), cwd=tmp_path,
+                timeout=30)
+    line = assert_refused(res, USAGE, "--state-root", "--backend")
+    assert "default SQLite backend" in line, line
+    assert not (tmp_path / "state").exists() and not (tmp_path / "elsewhere.db").exists()
 
 
 def test_create_table_that_fails_is_a_start_failure(tmp_path: Path) -> None:

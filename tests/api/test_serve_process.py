@@ -25,9 +25,10 @@ def free_port() -> int:
 
 
 def start_server(state_root: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    """`fencepost serve` on SQLite under `state_root`, or on the `--backend` in `extra`."""
+    where = [] if "--backend" in extra else ["--state-root", str(state_root)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}",
-         "--state-root", str(state_root), *extra],
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", *where, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None

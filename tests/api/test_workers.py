@@ -151,9 +151,9 @@ def test_sighup_reloads_tokens_in_every_worker(tmp_path: Path) -> None:
                                   ["--backend", "MEMORY://", "--workers", "2"],
                                   ["--backend", "Memory://x", "--workers", "2"]])
 def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: list[str]) -> None:
+    where = [] if "--backend" in argv else ["--state-root", str(tmp_path)]
     res = subprocess.run(
-        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
-         "--state-root", str(tmp_path), *argv],
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0", *where, *argv],
         capture_output=True, text=True, timeout=60,
     )
     assert res.returncode == 2
