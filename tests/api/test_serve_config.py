@@ -368,3 +368,46 @@ def test_metrics_on_an_ipv6_address() -> None:
         assert b"fencepost_" in urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10).read()
     finally:
         metrics.stop()
+
+
+def _secret_files(tmp_path: Path, mode: int) -> list[str]:
+    """A tokens file and a page-token key file with `mode`; the serve flags naming them."""
+    from tests.api.security_support import write_tokens
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"tok": ("a", "service")})
+    key = tmp_path / "page.key"
+    key.write_text("ab" * 32 + "\n")
+    for path in (tokens, key):
+        path.chmod(mode)
+    return ["--tokens-file", str(tokens), "--page-token-key-file", str(key)]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o622])
+def test_secret_files_open_to_group_or_others_are_warned_about(
+        tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A tokens file or page-token key file that group or others may read (or
+    write: add a token, swap the key) is named at start-up with its mode, as
+    ssh names a private key; the server still starts (a mounted secret's
+    mode is not always the operator's to choose)."""
+    from fencepost_server.cli import _preflight, build_parser
+
+    argv = ["serve", "--listen", "127.0.0.1:0", "--backend", "memory://", *_secret_files(tmp_path, mode)]
+    with caplog.at_level("WARNING", logger="fencepost"):
+        _preflight(build_parser().parse_args(argv))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2, warned
+    tokens, key = warned
+    assert f"--tokens-file {tmp_path / 'tokens.json'}" in tokens and f"mode {mode:04o}" in tokens
+    assert f"--page-token-key-file {tmp_path / 'page.key'}" in key and f"mode {mode:04o}" in key
+    assert all("chmod 600" in line for line in warned)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_private_secret_files_are_not_warned_about(tmp_path: Path, mode: int,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from fencepost_server.cli import _preflight, build_parser
+
+    argv = ["serve", "--listen", "127.0.0.1:0", "--backend", "memory://", *_secret_files(tmp_path, mode)]
+    with caplog.at_level("WARNING", logger="fencepost"):
+        _preflight(build_parser().parse_args(argv))
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []
