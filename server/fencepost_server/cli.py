@@ -305,13 +305,23 @@ def _cmd_hash_token(args: argparse.Namespace) -> int:
         token = secrets.token_urlsafe(32)
         print(f"token (give it to the caller; it is not stored): {token}", file=sys.stderr)
     else:
-        token = sys.stdin.readline().strip()
-        if not token:
-            print("fencepost hash-token: read no token on stdin", file=sys.stderr)
-            return 2
+        token = _token_from_stdin()
     entry = {"name": args.name, "sha256": hash_token(token), "tenant": args.tenant, "role": args.role}
     print(json.dumps(entry))
     return 0
+
+
+def _token_from_stdin() -> str:
+    """The first line of stdin, stripped; none (empty, blank, or no stdin at
+    all: fd 0 closed) is a usage error (exit 2) saying what to do instead."""
+    line = sys.stdin.buffer.readline() if sys.stdin is not None else b""
+    try:
+        token = line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError("hash-token: the token on stdin is not UTF-8 text") from None
+    if not token:
+        raise ConfigError("hash-token: no token on stdin (pipe the token in, or pass --generate for a new one)")
+    return token
 
 
 def build_parser() -> argparse.ArgumentParser:
