@@ -345,6 +345,20 @@ def _configure_logging(args: argparse.Namespace) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"), handlers=[handler])
+    quiet_libraries()
+
+
+#: libraries that log routine things at INFO ("Found credentials in
+#: environment variables." on every DynamoDB start)
+_CHATTY_LIBRARIES = ("botocore", "aiobotocore", "boto3", "aioboto3")
+
+
+def quiet_libraries() -> None:
+    """Keep the chatty libraries at WARNING unless the operator's log level
+    (the root logger's, set just before) is DEBUG."""
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    for name in _CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

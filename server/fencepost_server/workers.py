@@ -329,8 +329,10 @@ def _worker_main() -> int:
             f"%(asctime)s %(levelname)s worker-{os.environ.get('FENCEPOST_WORKER', '?')} %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     from . import tracing
-    from .cli import serve as serve_one
+    from .cli import quiet_libraries, serve as serve_one
     from .startup import ConfigError, StartFailure
+
+    quiet_libraries()
 
     try:
         tracing_line = tracing.configure_from_env()  # checked by the supervisor already
