@@ -52,9 +52,10 @@ _PR_SET_PDEATHSIG = 1
 #: configuration this machine cannot run, or a bug that one process would exit 1 on
 _ERROR, _USAGE, _START_FAILED = 1, 2, 3
 _CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
-#: a worker's exit codes after a stop that went well: drained (cli.Exit.OK), or
-#: stopped before it served (cli.Exit.INTERRUPTED)
-_STOPPED_CLEANLY = (0, 130)
+#: a worker's exit codes after a stop that went well: drained (cli.Exit.OK),
+#: stopped before it served (cli.Exit.INTERRUPTED), or killed by the SIGTERM
+#: the supervisor sent before its handler existed (still importing: nothing open)
+_STOPPED_CLEANLY = (0, 130, -signal.SIGTERM)
 READY_LINE = b"fencepost serving on"
 #: the most `--workers`: each is a whole server (its own process, event loop,
 #: backend connections and background loops). Past a core each they only
@@ -230,10 +231,10 @@ class Supervisor:
             self._start(index, restart=True)
 
     def _stopped(self, worker: _Worker, code: int) -> None:
-        """A worker that exited after the stop: 0 (drained) or 130 (stopped
-        before it served) is clean; anything else failed the stop, and the
-        supervisor exits 1 as one process whose drain failed would (a first
-        start's failure keeps its own code)."""
+        """A worker that exited after the stop: 0 (drained), 130 (stopped
+        before it served) or killed by the SIGTERM itself is clean; anything
+        else failed the stop, and the supervisor exits 1 as one process whose
+        drain failed would (a first start's failure keeps its own code)."""
         if code in _STOPPED_CLEANLY:
             return
         what = "failed while stopping" if worker.ready else "could not start"

@@ -338,3 +338,27 @@ def test_workers_at_the_cap_pass_the_checks() -> None:
     assert build_parser().parse_args(["serve", "--workers", str(MAX_WORKERS)]).workers == MAX_WORKERS
     assert refusal(Settings(), MAX_WORKERS) is None
     assert "--workers" in (refusal(Settings(), MAX_WORKERS + 1) or "")
+
+
+@pytest.mark.parametrize(("code", "failed"), [(0, False), (130, False), (-signal.SIGTERM, False), (1, True),
+                                             (-signal.SIGKILL, True)])
+def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """After the stop, a worker's exit is clean when it drained (0), stopped
+    before serving (130), or got the SIGTERM before it could handle one (still
+    importing: nothing opened yet); any other exit fails the stop."""
+    from fencepost_server import workers
+    from fencepost_server.config import Settings
+
+    sup = workers.Supervisor(Settings(backend="sqlite:///unused.db"), 2, False)
+    if code < 0:
+        proc = subprocess.Popen([sys.executable, "-c", f"import os; os.kill(os.getpid(), {-code})"])
+    else:
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+    assert proc.wait() == code
+    sup.workers[0] = workers._Worker(0, proc, time.monotonic(), ready=False)  # type: ignore[arg-type]
+    sup.stopping = True
+    with caplog.at_level("ERROR", logger="fencepost.workers"):
+        sup._reap()
+    assert sup.workers == {}
+    assert sup.exit_code == (1 if failed else 0)
+    assert bool(caplog.records) is failed
