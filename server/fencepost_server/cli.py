@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fencepost.cli import register as register_client_commands
 from fencepost.cli.args import (
@@ -26,6 +27,10 @@ from fencepost.cli.args import (
 from . import __version__, cli_dynamodb, cli_lifecycle, tracing, workers
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
+
+if TYPE_CHECKING:
+    from .app import App
+    from .storage import Storage
 
 log = logging.getLogger("fencepost")
 
@@ -197,15 +202,13 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     return Exit.OK
 
 
-async def _close_unstarted(app: object, storage: object) -> None:
+async def _close_unstarted(app: App | None, storage: Storage) -> None:
     """A start-up that failed or was stopped: stop what `App.start` got
     running (the port, when bound) and close the backend, either way."""
-    from .app import App
-
-    if isinstance(app, App) and app.server is not None:
+    if app is not None and app.server is not None:
         await app.stop(0)
     else:
-        await storage.close()  # type: ignore[attr-defined]
+        await storage.close()
 
 
 def say(line: str) -> None:
