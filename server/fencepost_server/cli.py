@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fencepost.cli import register as register_client_commands
 from fencepost.cli.args import (
@@ -26,6 +27,10 @@ from fencepost.cli.args import (
 from . import __version__, cli_dynamodb, cli_lifecycle, tracing, workers
 from .config import Settings
 from .startup import ConfigError, StartFailure, check_config, check_listen, open_storage
+
+if TYPE_CHECKING:
+    from .app import App
+    from .storage import Storage
 
 log = logging.getLogger("fencepost")
 
@@ -47,6 +52,9 @@ class Exit:
 _MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and value must fit in one list page, "
                                                      "half of it; gRPC's limit is a 32-bit integer")
 
+_STATE_ROOT = Path(".fencepost")
+_WORKERS = int_between(1, workers.MAX_WORKERS, "each worker is a whole server process")
+
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the gRPC server", description="run the gRPC server",
@@ -55,8 +63,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                               "see docs/cli.md")
     p.add_argument("--listen", type=host_port, metavar="HOST:PORT", default="127.0.0.1:50051",
                    help="HOST:PORT to serve gRPC on, PORT 1..65535 or 0 for any free one (default %(default)s)")
-    p.add_argument("--state-root", default=".fencepost", type=Path, metavar="DIR",
-                   help="directory of the default SQLite backend's fencepost.db (default %(default)s)")
+    # default None: given together with --backend it is refused, not ignored (see _preflight)
+    p.add_argument("--state-root", default=None, type=Path, metavar="DIR",
+                   help=f"directory of the default SQLite backend's fencepost.db, not with --backend "
+                        f"(default {_STATE_ROOT})")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="backend URL: memory://, sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R "
                         "(default: sqlite under --state-root)")
@@ -66,9 +76,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="largest request or response message in bytes (default %(default)s)")
     p.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
                    help="run on uvloop when installed (default: on)")
-    p.add_argument("--workers", type=positive_int, metavar="N", default=1,
-                   help="server processes sharing the port, one event loop each; sqlite or dynamodb "
-                        "(default %(default)s, see docs/performance.md)")
+    p.add_argument("--workers", type=_WORKERS, metavar="N", default=1,
+                   help=f"server processes sharing the port, one event loop each, 1..{workers.MAX_WORKERS}; "
+                        "sqlite or dynamodb (default %(default)s, see docs/performance.md)")
     sec = p.add_argument_group("security (see README: running behind a mesh)")
     sec.add_argument("--tokens-file", type=readable_file, metavar="FILE", help="JSON file of SHA-256 token hashes -> tenant + role")
     sec.add_argument("--spiffe-map", type=readable_file, metavar="FILE", help="JSON file of SPIFFE ids -> tenant + role")
@@ -107,7 +117,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings(
         listen=args.listen,
-        state_root=args.state_root,
+        state_root=args.state_root or _STATE_ROOT,
         backend=args.backend,
         grace_seconds=args.grace,
         max_receive_bytes=args.max_receive_bytes,
@@ -140,17 +150,39 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     # files is handled after: a second, harmless read.
     built: list[App] = []
     loop.add_signal_handler(signal.SIGHUP, lambda: built and built[0].reload_identities())
-    app = App(settings, storage=open_storage(settings))
-    built.append(app)
+    # SIGTERM / SIGINT are handled from here on too: one that arrives while
+    # the server starts (the backend open, the probe) cancels the start-up,
+    # and what was opened is closed. SIGTERM's default action would kill the
+    # process with the SQLite writer and connections never closed.
+    stop = asyncio.Event()
+    starting = asyncio.current_task()
+    cancel_on_stop = True  # only while starting: never a drain or a close cut short
+
+    def on_stop() -> None:
+        if cancel_on_stop and not stop.is_set() and starting is not None:
+            starting.cancel()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop)
+    storage = open_storage(settings)
+    app: App | None = None
     try:
+        app = App(settings, storage=storage)
+        built.append(app)
         if create_table:
             from .cli_dynamodb import ensure_table
 
             await ensure_table(app.storage)
         port = await app.start()
-    except BaseException:
-        await app.storage.close()
+    except BaseException as exc:
+        cancel_on_stop = False
+        await _close_unstarted(app, storage)
+        if isinstance(exc, asyncio.CancelledError) and stop.is_set():
+            say("fencepost stopped before serving")
+            return Exit.INTERRUPTED
         raise
+    cancel_on_stop = False  # from here a stop drains
     # Everything built so far lives as long as the process: keep it out of the
     # collector's scans so per-call garbage collection stays cheap.
     gc.freeze()
@@ -160,10 +192,6 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     if app.backend_problem:
         backend += f" (NOT SERVING until it answers: {app.backend_problem})"
     extra = f" — {tracing_line}" if tracing_line else ""
-    # before the start-up line: whoever waits for it may stop the server at once
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     say(f"fencepost serving on {host}:{port} — backend {backend} — {describe}{extra}")
     if app.metrics_port is not None:
         say(f"fencepost metrics on http://{settings.metrics_listen.rsplit(':', 1)[0]}:{app.metrics_port}/metrics")
@@ -172,6 +200,15 @@ async def serve(settings: Settings, *, create_table: bool = False, tracing_line:
     await app.stop()
     say("fencepost stopped")
     return Exit.OK
+
+
+async def _close_unstarted(app: App | None, storage: Storage) -> None:
+    """A start-up that failed or was stopped: stop what `App.start` got
+    running (the port, when bound) and close the backend, either way."""
+    if app is not None and app.server is not None:
+        await app.stop(0)
+    else:
+        await storage.close()
 
 
 def say(line: str) -> None:
@@ -187,6 +224,9 @@ def _preflight(args: argparse.Namespace) -> Settings:
     """Every check that needs no running server: flags together, files,
     then the ports (fails before anything is opened or bound)."""
     settings = _settings(args)
+    if args.state_root is not None and args.backend is not None:
+        raise ConfigError(f"argument --state-root: only places the default SQLite backend's fencepost.db; "
+                          f"--backend {args.backend} says where the data is (give one of the two)")
     check_config(settings, insecure=args.insecure)
     if args.create_table and settings.backend_scheme() != "dynamodb":
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
@@ -268,13 +308,23 @@ def _cmd_hash_token(args: argparse.Namespace) -> int:
         token = secrets.token_urlsafe(32)
         print(f"token (give it to the caller; it is not stored): {token}", file=sys.stderr)
     else:
-        token = sys.stdin.readline().strip()
-        if not token:
-            print("fencepost hash-token: read no token on stdin", file=sys.stderr)
-            return 2
+        token = _token_from_stdin()
     entry = {"name": args.name, "sha256": hash_token(token), "tenant": args.tenant, "role": args.role}
     print(json.dumps(entry))
     return 0
+
+
+def _token_from_stdin() -> str:
+    """The first line of stdin, stripped; none (empty, blank, or no stdin at
+    all: fd 0 closed) is a usage error (exit 2) saying what to do instead."""
+    line = sys.stdin.buffer.readline() if sys.stdin is not None else b""
+    try:
+        token = line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError("hash-token: the token on stdin is not UTF-8 text") from None
+    if not token:
+        raise ConfigError("hash-token: no token on stdin (pipe the token in, or pass --generate for a new one)")
+    return token
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,6 +348,20 @@ def _configure_logging(args: argparse.Namespace) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"), handlers=[handler])
+    quiet_libraries()
+
+
+#: libraries that log routine things at INFO ("Found credentials in
+#: environment variables." on every DynamoDB start)
+_CHATTY_LIBRARIES = ("botocore", "aiobotocore", "boto3", "aioboto3")
+
+
+def quiet_libraries() -> None:
+    """Keep the chatty libraries at WARNING unless the operator's log level
+    (the root logger's, set just before) is DEBUG."""
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    for name in _CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,18 @@ the argparse `type=` checkers in `fencepost.cli.args`.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
+from pathlib import Path
 
 from .config import Settings
 from .storage import Storage, StorageError, open_backend
 from .storage import private
 from .storage.registry import parse_backend_url
+
+
+log = logging.getLogger("fencepost")
 
 
 class ConfigError(Exception):
@@ -59,6 +64,8 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         except (OSError, ValueError) as exc:
             flag = "--spiffe-map" if settings.spiffe_map and str(settings.spiffe_map) in str(exc) else "--tokens-file"
             raise ConfigError(f"argument {flag}: {exc}") from exc
+        if settings.tokens_file:
+            warn_if_not_private(settings.tokens_file, "--tokens-file", "the token hashes")
     if settings.page_token_key_file:
         from .domain.paging import secret_from_file
 
@@ -66,10 +73,25 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
             secret_from_file(settings.page_token_key_file)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"argument --page-token-key-file: {exc}") from exc
+        warn_if_not_private(settings.page_token_key_file, "--page-token-key-file", "the page-token secret")
     if not settings.listen_is_loopback() and not settings.auth_configured() and not insecure:
         raise ConfigError(
             f"refusing to listen on {settings.listen} without authentication; "
             "configure authentication (--tokens-file, --tls-client-ca, --trust-xfcc) or pass --insecure")
+
+
+def warn_if_not_private(path: Path, flag: str, holds: str) -> None:
+    """Warn when group or others may read or write a file of secrets (a
+    reader can forge page tokens or brute-force a weak token offline; a
+    writer can add a token). A warning, not a refusal: a mounted secret's
+    mode is not always the operator's to choose (Kubernetes' default is 0644)."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return  # read a moment ago: a file that went since is the reader's error to report
+    if mode & 0o066:
+        log.warning("%s %s is open to group or others (mode %04o) and holds %s: chmod 600 it",
+                    flag, path, mode, holds)
 
 
 def check_tls_files(settings: Settings) -> None:

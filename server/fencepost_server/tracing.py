@@ -5,7 +5,9 @@ Off unless the standard environment turns it on (`configure_from_env`):
     OTEL_TRACES_EXPORTER=otlp|console   (none: off)
     OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  (implies otlp)
     OTEL_SDK_DISABLED=true              (off, whatever else is set)
-    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER[_ARG],
+    OTEL_TRACES_SAMPLER[_ARG]           checked here: an unknown sampler or a
+                                        ratio outside 0..1 refuses to start
+    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
     OTEL_BSP_*, OTEL_EXPORTER_OTLP_* (headers, timeout, certificate, ...)
                                         read by the OpenTelemetry SDK itself
 
@@ -59,13 +61,43 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> str | None:
         raise TracingConfigError(
             "OTEL_* variables turn tracing on but opentelemetry-sdk is not installed "
             "(pip install 'fencepost[server]')") from exc
+    sampler = _sampler(env)
     names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
     exporters = [_exporter(name, env) for name in names if name != "none"]
-    provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "fencepost"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "fencepost"}),
+                              sampler=sampler)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     install(provider)
     return "tracing: " + ", ".join(names)
+
+
+#: OTEL_TRACES_SAMPLER's values (the SDK's built-in samplers), in the order the error lists them
+_SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+             "parentbased_traceidratio")
+
+
+def _sampler(env: Mapping[str, str]) -> Any:
+    """The sampler OTEL_TRACES_SAMPLER[_ARG] name. The SDK itself only logs a
+    warning for a name or ratio it cannot use and then samples every trace:
+    a deployment that asked for 1% would trace everything."""
+    from opentelemetry.sdk.trace import sampling
+
+    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    if name not in _SAMPLERS:
+        raise TracingConfigError(f"OTEL_TRACES_SAMPLER: expected {', '.join(_SAMPLERS[:-1])} or {_SAMPLERS[-1]}, "
+                                 f"got {env.get('OTEL_TRACES_SAMPLER')!r}")
+    if not name.endswith("traceidratio"):
+        return {"always_on": sampling.ALWAYS_ON, "always_off": sampling.ALWAYS_OFF,
+                "parentbased_always_on": sampling.DEFAULT_ON, "parentbased_always_off": sampling.DEFAULT_OFF}[name]
+    arg = (env.get("OTEL_TRACES_SAMPLER_ARG") or "").strip()
+    try:
+        ratio = float(arg) if arg else 1.0  # no ratio: every trace (the specification's default)
+    except ValueError:
+        ratio = float("nan")
+    if not 0.0 <= ratio <= 1.0:
+        raise TracingConfigError(f"OTEL_TRACES_SAMPLER_ARG: expected a sampling ratio 0..1 for {name}, got {arg!r}")
+    return sampling.TraceIdRatioBased(ratio) if name == "traceidratio" else sampling.ParentBasedTraceIdRatio(ratio)
 
 
 def _exporter(name: str, env: Mapping[str, str]) -> Any:

@@ -17,7 +17,8 @@ The supervisor forwards SIGTERM / SIGINT (graceful drain in every worker) and
 SIGHUP (token reload in every worker), restarts a worker that dies (logged),
 and relays the workers' output. A worker whose first start fails with exit 1,
 2 or 3 (a bug, or a configuration this machine cannot run) stops the server
-with that code, as one process would exit. Workers die with the supervisor (a kill -9 of
+with that code, as one process would exit; one that exits non-zero after the
+stop (its drain failed) makes the supervisor exit 1. Workers die with the supervisor (a kill -9 of
 the supervisor takes the whole server down, as for one process). Each worker
 serves its own health and, with `--metrics-listen host:port`, its own
 `/metrics` on port + worker index.
@@ -51,7 +52,15 @@ _PR_SET_PDEATHSIG = 1
 #: configuration this machine cannot run, or a bug that one process would exit 1 on
 _ERROR, _USAGE, _START_FAILED = 1, 2, 3
 _CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
+#: a worker's exit codes after a stop that went well: drained (cli.Exit.OK),
+#: stopped before it served (cli.Exit.INTERRUPTED), or killed by the SIGTERM
+#: the supervisor sent before its handler existed (still importing: nothing open)
+_STOPPED_CLEANLY = (0, 130, -signal.SIGTERM)
 READY_LINE = b"fencepost serving on"
+#: the most `--workers`: each is a whole server (its own process, event loop,
+#: backend connections and background loops). Past a core each they only
+#: contend; a host with more cores than this runs another replica instead.
+MAX_WORKERS = 64
 
 
 def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
@@ -68,8 +77,8 @@ def run_loop(main: Coroutine[Any, Any, int], use_uvloop: bool) -> int:
 
 def refusal(settings: Settings, workers: int) -> str | None:
     """Why `workers` processes cannot serve these settings (None when they can)."""
-    if workers < 1:
-        return f"--workers must be at least 1 (got {workers})"
+    if not 1 <= workers <= MAX_WORKERS:
+        return f"--workers must be 1..{MAX_WORKERS} (got {workers})"
     if workers > 1 and settings.backend_scheme() == "memory":
         return ("--workers > 1 needs a shared backend (sqlite or dynamodb): "
                 "each worker of memory:// would hold its own separate data")
@@ -204,6 +213,7 @@ class Supervisor:
                 self._selector.unregister(worker.proc.stdout)
             del self.workers[index]
             if self.stopping:
+                self._stopped(worker, code)
                 continue
             if code in _CANNOT_START and not worker.ready and not worker.restart:
                 # the configuration cannot run here (its cause is the worker's
@@ -219,6 +229,18 @@ class Supervisor:
             if self.stopping:  # stopped during the pause: every worker was told, start none
                 continue
             self._start(index, restart=True)
+
+    def _stopped(self, worker: _Worker, code: int) -> None:
+        """A worker that exited after the stop: 0 (drained), 130 (stopped
+        before it served) or killed by the SIGTERM itself is clean; anything
+        else failed the stop, and the supervisor exits 1 as one process whose
+        drain failed would (a first start's failure keeps its own code)."""
+        if code in _STOPPED_CLEANLY:
+            return
+        what = "failed while stopping" if worker.ready else "could not start"
+        log.error("worker %d (pid %d) %s (exit %d)", worker.index, worker.proc.pid, what, code)
+        if self.exit_code == 0:
+            self.exit_code = _ERROR
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers.values():
@@ -308,8 +330,10 @@ def _worker_main() -> int:
             f"%(asctime)s %(levelname)s worker-{os.environ.get('FENCEPOST_WORKER', '?')} %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     from . import tracing
-    from .cli import serve as serve_one
+    from .cli import quiet_libraries, serve as serve_one
     from .startup import ConfigError, StartFailure
+
+    quiet_libraries()
 
     try:
         tracing_line = tracing.configure_from_env()  # checked by the supervisor already

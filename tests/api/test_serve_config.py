@@ -25,8 +25,10 @@ def serve(*argv: str, cwd: Path, prefix: tuple[str, ...] = (), timeout: float = 
     A free port unless the test names one: runs in parallel never meet on the default."""
     if "--listen" not in argv:
         argv = ("--listen", "127.0.0.1:0", *argv)
+    if "--backend" not in argv and "--state-root" not in argv:  # --state-root is the default backend's only
+        argv = ("--state-root", str(cwd / "state"), *argv)
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "fencepost_server", "serve", "--state-root", str(cwd / "state"), *argv],
+        [*prefix, sys.executable, "-m", "fencepost_server", "serve", *argv],
         capture_output=True, text=True, timeout=timeout, cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -204,6 +206,18 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
                    "--create-table", "dynamodb://")
 
 
+@pytest.mark.parametrize("backend", ["memory://", "sqlite://{tmp}/elsewhere.db", "dynamodb://t?region=us-east-1"])
+def test_state_root_with_a_backend_is_refused(tmp_path: Path, backend: str) -> None:
+    """--state-root only places the default SQLite file: with --backend it
+    would be ignored, and an operator who gave both (expecting the data under
+    the state root) would find it elsewhere."""
+    res = serve("--state-root", str(tmp_path / "state"), "--backend", backend.format(tmp=tmp_path), cwd=tmp_path,
+                timeout=30)
+    line = assert_refused(res, USAGE, "--state-root", "--backend")
+    assert "default SQLite backend" in line, line
+    assert not (tmp_path / "state").exists() and not (tmp_path / "elsewhere.db").exists()
+
+
 def test_create_table_that_fails_is_a_start_failure(tmp_path: Path) -> None:
     """--create-table must create the table: when it cannot (endpoint down,
     credentials refused) that is this machine's problem, exit 3 with the
@@ -354,3 +368,46 @@ def test_metrics_on_an_ipv6_address() -> None:
         assert b"fencepost_" in urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10).read()
     finally:
         metrics.stop()
+
+
+def _secret_files(tmp_path: Path, mode: int) -> list[str]:
+    """A tokens file and a page-token key file with `mode`; the serve flags naming them."""
+    from tests.api.security_support import write_tokens
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"tok": ("a", "service")})
+    key = tmp_path / "page.key"
+    key.write_text("ab" * 32 + "\n")
+    for path in (tokens, key):
+        path.chmod(mode)
+    return ["--tokens-file", str(tokens), "--page-token-key-file", str(key)]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o622])
+def test_secret_files_open_to_group_or_others_are_warned_about(
+        tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A tokens file or page-token key file that group or others may read (or
+    write: add a token, swap the key) is named at start-up with its mode, as
+    ssh names a private key; the server still starts (a mounted secret's
+    mode is not always the operator's to choose)."""
+    from fencepost_server.cli import _preflight, build_parser
+
+    argv = ["serve", "--listen", "127.0.0.1:0", "--backend", "memory://", *_secret_files(tmp_path, mode)]
+    with caplog.at_level("WARNING", logger="fencepost"):
+        _preflight(build_parser().parse_args(argv))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2, warned
+    tokens, key = warned
+    assert f"--tokens-file {tmp_path / 'tokens.json'}" in tokens and f"mode {mode:04o}" in tokens
+    assert f"--page-token-key-file {tmp_path / 'page.key'}" in key and f"mode {mode:04o}" in key
+    assert all("chmod 600" in line for line in warned)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_private_secret_files_are_not_warned_about(tmp_path: Path, mode: int,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from fencepost_server.cli import _preflight, build_parser
+
+    argv = ["serve", "--listen", "127.0.0.1:0", "--backend", "memory://", *_secret_files(tmp_path, mode)]
+    with caplog.at_level("WARNING", logger="fencepost"):
+        _preflight(build_parser().parse_args(argv))
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []

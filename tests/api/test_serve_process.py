@@ -8,9 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import fencepost
@@ -23,9 +25,10 @@ def free_port() -> int:
 
 
 def start_server(state_root: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    """`fencepost serve` on SQLite under `state_root`, or on the `--backend` in `extra`."""
+    where = [] if "--backend" in extra else ["--state-root", str(state_root)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}",
-         "--state-root", str(state_root), *extra],
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}", *where, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
@@ -144,3 +147,55 @@ def test_a_closed_stdout_does_not_stop_the_drain() -> None:
     stderr = proc.stderr.read()
     assert code == 0, stderr
     assert "BrokenPipe" not in stderr
+
+
+#: runs `fencepost serve` on SQLite and stops it (argv[2]: SIGTERM or SIGINT)
+#: while it is still starting: right after the backend was opened ("open"), or
+#: in the middle of the start-up probe, the gRPC port already bound ("start");
+#: the probe hangs either way. The backend's close is made visible on stdout.
+_SERVE_STOPPED_WHILE_STARTING = """
+import asyncio, os, signal, sys
+from fencepost_server import app, cli
+
+state_root, sig, stage = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+real_open = cli.open_storage
+
+def open_storage(settings):
+    storage = real_open(settings)
+    real_close = storage.close
+
+    async def close():
+        print("backend closed", flush=True)
+        await real_close()
+
+    storage.close = close
+    if stage == "open":
+        os.kill(os.getpid(), sig)
+    return storage
+
+async def probe_forever(self):
+    if stage == "start":
+        os.kill(os.getpid(), sig)
+    await asyncio.sleep(60)  # a start-up probe that hangs: the stop must not wait for it
+
+cli.open_storage = open_storage
+app.App._probe_once = probe_forever
+sys.exit(cli.main(["serve", "--listen", "127.0.0.1:0", "--state-root", state_root, "--no-uvloop"]))
+"""
+
+
+@pytest.mark.parametrize("stage", ["open", "start"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_while_starting_closes_the_backend(tmp_path: Path, sig: str, stage: str) -> None:
+    """A stop signal after the backend was opened but before the server
+    serves closes the backend (the SQLite writer, its connections) and exits
+    130, "interrupted before serving": SIGTERM's default action killed the
+    process with nothing closed."""
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", _SERVE_STOPPED_WHILE_STARTING, str(tmp_path), sig, stage],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 130, (res.returncode, res.stdout, res.stderr)
+    assert "backend closed" in res.stdout
+    assert "fencepost serving on" not in res.stdout
+    assert "Traceback" not in res.stderr
+    assert time.monotonic() - started < 30  # never waited out the hanging probe

@@ -143,3 +143,56 @@ def test_serve_refuses_an_unknown_exporter(tmp_path: Path) -> None:
         env={**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"})
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("fencepost: error: OTEL_TRACES_EXPORTER: expected otlp, console or none")
+
+
+@pytest.mark.parametrize(("sampler", "arg", "expected"), [
+    pytest.param(None, None, "ParentBased{root:AlwaysOnSampler,", id="default"),
+    pytest.param("always_off", None, "AlwaysOffSampler", id="always-off"),
+    pytest.param(" ParentBased_Always_Off ", "ignored", "ParentBased{root:AlwaysOffSampler,", id="any-case"),
+    pytest.param("traceidratio", "0.25", "TraceIdRatioBased{0.25}", id="ratio"),
+    pytest.param("parentbased_traceidratio", None, "ParentBased{root:TraceIdRatioBased{1.0},", id="ratio-default"),
+])
+def test_the_sampler_is_the_one_the_environment_names(sampler: str | None, arg: str | None, expected: str) -> None:
+    env = {"OTEL_TRACES_EXPORTER": "console"}
+    env |= {"OTEL_TRACES_SAMPLER": sampler} if sampler is not None else {}
+    env |= {"OTEL_TRACES_SAMPLER_ARG": arg} if arg is not None else {}
+    try:
+        tracing.configure_from_env(env)
+        assert tracing._provider.sampler.get_description().startswith(expected)
+    finally:
+        tracing.shutdown()
+
+
+@pytest.mark.parametrize(("sampler", "arg", "message"), [
+    pytest.param("always_onn", None, "OTEL_TRACES_SAMPLER: expected always_on, always_off, traceidratio, "
+                 "parentbased_always_on, parentbased_always_off or parentbased_traceidratio, got 'always_onn'",
+                 id="unknown"),
+    pytest.param("traceidratio", "ten percent", "OTEL_TRACES_SAMPLER_ARG: expected a sampling ratio 0..1 for "
+                 "traceidratio, got 'ten percent'", id="ratio-not-a-number"),
+    pytest.param("parentbased_traceidratio", "1.5", "OTEL_TRACES_SAMPLER_ARG: expected a sampling ratio 0..1 for "
+                 "parentbased_traceidratio, got '1.5'", id="ratio-out-of-range"),
+    pytest.param("traceidratio", "nan", "OTEL_TRACES_SAMPLER_ARG: expected a sampling ratio 0..1", id="ratio-nan"),
+])
+def test_a_sampler_that_cannot_work_is_a_configuration_error(sampler: str, arg: str | None, message: str) -> None:
+    """The SDK only logs "Couldn't recognize sampler" and samples every trace
+    (or traces at ratio 1.0): a deployment that asked for 1% would trace all."""
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": sampler}
+    env |= {"OTEL_TRACES_SAMPLER_ARG": arg} if arg is not None else {}
+    try:
+        with pytest.raises(tracing.TracingConfigError) as caught:
+            tracing.configure_from_env(env)
+    finally:
+        tracing.shutdown()
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert tracing.TRACER is None
+
+
+def test_serve_refuses_an_unknown_sampler() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0", "--backend", "memory://"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "sometimes"})
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("fencepost: error: OTEL_TRACES_SAMPLER: expected always_on, "), res.stderr
+    assert "fencepost serving on" not in res.stdout

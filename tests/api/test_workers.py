@@ -151,9 +151,9 @@ def test_sighup_reloads_tokens_in_every_worker(tmp_path: Path) -> None:
                                   ["--backend", "MEMORY://", "--workers", "2"],
                                   ["--backend", "Memory://x", "--workers", "2"]])
 def test_workers_refused_where_they_cannot_share_state(tmp_path: Path, argv: list[str]) -> None:
+    where = [] if "--backend" in argv else ["--state-root", str(tmp_path)]
     res = subprocess.run(
-        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
-         "--state-root", str(tmp_path), *argv],
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0", *where, *argv],
         capture_output=True, text=True, timeout=60,
     )
     assert res.returncode == 2
@@ -271,3 +271,94 @@ def test_a_worker_that_fails_unexpectedly_at_its_first_start_stops_the_server(tm
     assert res.returncode == 1, (res.returncode, res.stderr)
     assert "a bug in start-up" in res.stderr and "Traceback" not in res.stderr
     assert "restarting" not in res.stderr
+
+
+def test_a_worker_whose_drain_fails_makes_the_supervisor_exit_non_zero(tmp_path: Path) -> None:
+    """A worker that exits non-zero on its way down (its drain failed) fails
+    the stop: the supervisor exits 1 and names the worker, as one process's
+    failed drain exits 1, instead of 0 ("stopped cleanly")."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('FENCEPOST_WORKER') == '1':\n"
+        "    from fencepost_server.app import App\n"
+        "    real_stop = App.stop\n"
+        "    async def broken(self, *args, **kwargs):\n"
+        "        await real_stop(self, *args, **kwargs)\n"
+        "        raise RuntimeError('a bug in the drain')\n"
+        "    App.stop = broken\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    port = free_port()
+    out = tmp_path / "server.out"
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{port}",
+             "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2", "--grace", "1"],
+            stdout=stdout, stderr=subprocess.PIPE, env={**env, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        _wait_for(lambda: proc.poll() is not None or out.read_text().count("fencepost serving on") == 2,
+                  "two workers")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert code == 1, (code, stderr)
+    assert "a bug in the drain" in stderr
+    started = re.search(r"fencepost worker 1 started \(pid (\d+)\)", out.read_text())
+    assert started, out.read_text()
+    assert re.search(rf"worker 1 \(pid {started[1]}\) failed while stopping \(exit 1\)", stderr), stderr
+    assert "worker 0 (pid" not in stderr  # the worker that drained cleanly is not blamed
+
+
+@pytest.mark.parametrize("workers", ["65", "100000"])
+def test_workers_past_the_cap_are_a_usage_error(tmp_path: Path, workers: str) -> None:
+    """--workers has a ceiling (64): each worker is a whole server process, and
+    --workers 100000 would fork until the machine gave out instead of failing."""
+    from fencepost_server.workers import MAX_WORKERS
+
+    assert MAX_WORKERS == 64  # the documented cap (README, docs/cli.md)
+    res = subprocess.run(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", "127.0.0.1:0",
+         "--state-root", str(tmp_path), "--workers", workers],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.startswith("fencepost: error: argument --workers: expected an integer >= 1 and <= 64"), res.stderr
+    assert "fencepost worker" not in res.stdout  # refused before any worker started
+    assert not (tmp_path / "fencepost.db").exists()
+
+
+def test_workers_at_the_cap_pass_the_checks() -> None:
+    from fencepost_server.cli import build_parser
+    from fencepost_server.config import Settings
+    from fencepost_server.workers import MAX_WORKERS, refusal
+
+    assert build_parser().parse_args(["serve", "--workers", str(MAX_WORKERS)]).workers == MAX_WORKERS
+    assert refusal(Settings(), MAX_WORKERS) is None
+    assert "--workers" in (refusal(Settings(), MAX_WORKERS + 1) or "")
+
+
+@pytest.mark.parametrize(("code", "failed"), [(0, False), (130, False), (-signal.SIGTERM, False), (1, True),
+                                             (-signal.SIGKILL, True)])
+def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """After the stop, a worker's exit is clean when it drained (0), stopped
+    before serving (130), or got the SIGTERM before it could handle one (still
+    importing: nothing opened yet); any other exit fails the stop."""
+    from fencepost_server import workers
+    from fencepost_server.config import Settings
+
+    sup = workers.Supervisor(Settings(backend="sqlite:///unused.db"), 2, False)
+    if code < 0:
+        proc = subprocess.Popen([sys.executable, "-c", f"import os; os.kill(os.getpid(), {-code})"])
+    else:
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+    assert proc.wait() == code
+    sup.workers[0] = workers._Worker(0, proc, time.monotonic(), ready=False)  # type: ignore[arg-type]
+    sup.stopping = True
+    with caplog.at_level("ERROR", logger="fencepost.workers"):
+        sup._reap()
+    assert sup.workers == {}
+    assert sup.exit_code == (1 if failed else 0)
+    assert bool(caplog.records) is failed

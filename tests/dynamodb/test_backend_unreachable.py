@@ -159,3 +159,28 @@ async def test_background_passes_report_an_outage_once_per_interval(
                 await task
     failures = [r.getMessage() for r in caplog.records if r.name == f"fencepost.{loop}"]
     assert failures == [f"{loop} pass failed: backend down"]
+
+
+@pytest.mark.parametrize(("level", "workers"), [("INFO", 1), ("DEBUG", 1), ("INFO", 2)])
+async def test_the_aws_libraries_say_routine_things_only_at_debug(level: str, workers: int) -> None:
+    """botocore / aiobotocore log "Found credentials in environment variables."
+    at INFO on every start (in every worker): noise in an operator's INFO
+    log, kept for DEBUG."""
+    url = f"dynamodb://{unique_table()}?endpoint=http://127.0.0.1:{free_port()}&region={REGION}&attempts=1"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+        "--backend", url, "--log-level", level, "--workers", str(workers),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **FAKE_CREDENTIALS})
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        serving = 0
+        while serving < workers:
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+            assert line, "the server stopped before serving"
+            serving += "serving on" in line
+    finally:
+        proc.terminate()
+        await proc.wait()
+    stderr = (await proc.stderr.read()).decode()
+    assert "not answering" in stderr  # fencepost's own warnings still come through
+    assert ("Found credentials" in stderr) == (level == "DEBUG"), stderr
