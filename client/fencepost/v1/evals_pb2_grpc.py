@@ -50,15 +50,15 @@ class EvalServiceStub:
     Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
     (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-    value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+    over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
     request_id): the request_id was used for a different request. Use a
     fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
+    first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -145,15 +145,15 @@ class EvalServiceServicer:
     Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
     (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-    value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+    over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
     request_id): the request_id was used for a different request. Use a
     fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
+    first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -346,15 +346,15 @@ class EvalService:
     Fix the request.
     - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
     (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-    value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+    over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
     request_id): the request_id was used for a different request. Use a
     fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
+    first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
     (bearer token, client certificate, SPIFFE id). Fix the credentials.

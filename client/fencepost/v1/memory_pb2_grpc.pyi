@@ -54,8 +54,8 @@ class MemoryServiceStub:
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and Search, which records
+      each hit's use): a write was sent but its outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -220,8 +220,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and Search, which records
+      each hit's use): a write was sent but its outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -382,8 +382,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and Search, which records
+      each hit's use): a write was sent but its outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
