@@ -49,8 +49,9 @@ class EvalServiceStub:
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
       over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
@@ -173,8 +174,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
       over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
@@ -293,8 +295,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
     - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
       over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a

@@ -2019,8 +2019,9 @@ export const GetAbSnapshotResponse: MessageFns<GetAbSnapshotResponse> = {
  *   malformed, or the request does not decode (a string that is not valid
  *   UTF-8, a truncated message); the BadRequest field violation names it.
  *   Fix the request.
- * - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
- *   (metadata `limit`, `size`). Use shorter ids.
+ * - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+ *   or a session): the encoded key is over the key limit (metadata `limit`,
+ *   `size`). Use shorter ids.
  * - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
  *   over the value limit once stored (metadata `limit`, `size`). Send less.
  * - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
