@@ -5,7 +5,8 @@ Only a backend write can end uncertain (a read that fails is
 BACKEND_UNAVAILABLE, tests/faults.py), so with every write failing as
 uncertain, one representative call of each RPC shows which side it is on:
 an RPC that declares the reason returns it, one that does not declare it
-answers as usual. Every RPC of every service needs a probe here, so a new
+answers as usual (or, when a write of its own bookkeeping was uncertain, as
+BACKEND_UNAVAILABLE: a read is simply retried). Every RPC of every service needs a probe here, so a new
 RPC cannot skip the check. Each probe runs on a fresh server whose page-token
 secret is not stored yet, so a listing's first use of a token is covered.
 """
@@ -334,4 +335,6 @@ async def test_uncertain_exactly_where_declared(rpc: str) -> None:
         assert reason != "PERSISTENCE_UNCERTAIN", (
             f"{rpc} returned PERSISTENCE_UNCERTAIN (writes tried: {writes}) but does not declare it"
         )
-        assert reason == "", f"{rpc}'s probe failed with {reason}: fix the probe"
+        # a read whose own bookkeeping write ended uncertain may fail as a read does
+        assert reason == "" or (reason == "BACKEND_UNAVAILABLE" and writes), (
+            f"{rpc}'s probe failed with {reason}: fix the probe")

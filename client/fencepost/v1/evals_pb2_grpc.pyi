@@ -59,8 +59,8 @@ class EvalServiceStub:
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
-      first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -109,7 +109,8 @@ class EvalServiceStub:
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
-    are one list each).
+    are one list each). A prune whose outcome the backend left unknown is
+    UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -184,8 +185,8 @@ class EvalServiceAsyncStub(EvalServiceStub):
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
-      first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -231,7 +232,8 @@ class EvalServiceAsyncStub(EvalServiceStub):
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
-    are one list each).
+    are one list each). A prune whose outcome the backend left unknown is
+    UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -305,8 +307,8 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes, and ListEvalRuns, whose
-      first page prunes): a write was sent but its outcome is unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -374,7 +376,8 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         Cost: PutEvalRun never prunes, so a first page reads every stored run and
         deletes, one call each, every run past the window: list now and then, or
         expect the first page after many puts to take a while (the later pages
-        are one list each).
+        are one list each). A prune whose outcome the backend left unknown is
+        UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /

@@ -44,7 +44,7 @@ class LedgerServiceStub:
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the RPCs that write; ResolveSession,
-      GetSession, ReadLog, ListInbox and WatchInbox only read and never return
+      GetSession, ListSessions, ReadLog, ListInbox and WatchInbox never return
       it): a write was sent but its outcome is unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -264,7 +264,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the RPCs that write; ResolveSession,
-      GetSession, ReadLog, ListInbox and WatchInbox only read and never return
+      GetSession, ListSessions, ReadLog, ListInbox and WatchInbox never return
       it): a write was sent but its outcome is unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -480,7 +480,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
     - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the RPCs that write; ResolveSession,
-      GetSession, ReadLog, ListInbox and WatchInbox only read and never return
+      GetSession, ListSessions, ReadLog, ListInbox and WatchInbox never return
       it): a write was sent but its outcome is unknown. Retry with the same commit_id / dedupe_key / holder (every
       mutating RPC here is idempotent when retried that way), or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured

@@ -4571,7 +4571,7 @@ export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
  *   nothing was applied. Retry with backoff.
  * - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the RPCs that write; ResolveSession,
- *   GetSession, ReadLog, ListInbox and WatchInbox only read and never return
+ *   GetSession, ListSessions, ReadLog, ListInbox and WatchInbox never return
  *   it): a write was sent but its outcome is unknown. Retry with the same commit_id / dedupe_key / holder (every
  *   mutating RPC here is idempotent when retried that way), or re-read.
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
