@@ -6,8 +6,8 @@ BACKEND_UNAVAILABLE, tests/faults.py), so with every write failing as
 uncertain, one representative call of each RPC shows which side it is on:
 an RPC that declares the reason returns it, one that does not declare it
 answers as usual (or, when a write of its own bookkeeping was uncertain, as
-BACKEND_UNAVAILABLE: a read is simply retried). Every RPC of every service needs a probe here, so a new
-RPC cannot skip the check. Each probe runs on a fresh server whose page-token
+BACKEND_UNAVAILABLE: a read is simply retried). Every RPC of every service
+needs a probe here, so a new RPC cannot skip the check. Each probe runs on a fresh server whose page-token
 secret is not stored yet, so a listing's first use of a token is covered.
 """
 
@@ -51,6 +51,7 @@ from tests.faults import FaultyStorage
 
 T = TypeVar("T")
 MODULES = (admin_pb2, evals_pb2, journal_pb2, kv_pb2, ledger_pb2, memory_pb2, schedule_pb2, store_api_pb2)
+#: background writers off (as tests/fuzz/harness.py): only the probe writes
 QUIET = {"ledger_janitor": False, "journal_flush_seconds": 1e9, "journal_flush_bytes": 1 << 40,
          "request_sweep_seconds": 1e9}
 AGENT = "probe-agent"
@@ -109,12 +110,6 @@ def _turn() -> journal_pb2.TurnRecord:
 
 TTL = duration_pb2.Duration(seconds=60)
 AT = timestamp_pb2.Timestamp(seconds=1_714_564_800)
-
-
-async def _drain(stream: Any) -> None:
-    with contextlib.suppress(grpc.aio.AioRpcError) as _:
-        async for _ in stream:
-            pass
 
 
 async def _stream(stream: Any) -> None:
