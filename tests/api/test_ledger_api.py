@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -11,8 +11,10 @@ import pytest
 import fencepost
 from fencepost import errors
 from fencepost_server.storage import Storage
+from fencepost_server.storage.base import Check, CountKeys, TxnResult, Write
 from fencepost_server.storage.sqlite import SqliteStorage
 from tests.conftest import RunningServer, running
+from tests.faults import FaultyStorage
 
 
 async def test_two_holders_racing_never_commit_one_seq_twice(client: fencepost.AsyncClient) -> None:
@@ -308,3 +310,49 @@ async def test_read_log_streams_pages(
         assert len(page.records) <= 256
     assert pages == -(-limit // 256)  # `limit` records in pages of at most 256
     assert len([r async for r in client.read_log(sid, from_seq=seq - 80)]) == 81
+
+
+class _RacedCreate(FaultyStorage):
+    """Runs `before` / `after` around the next transaction (a replica's create)."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, 0, fail=0.0, timeout=0.0, lose=0.0)
+        self.before: Callable[[], Awaitable[None]] | None = None
+        self.after: Callable[[], Awaitable[None]] | None = None
+
+    async def transact(self, checks: Sequence[Check] = (), writes: Sequence[Write] = (),
+                       count: CountKeys | None = None) -> TxnResult:
+        before, after, self.before, self.after = self.before, self.after, None, None
+        if before is not None:
+            await before()
+        result = await self.inner.transact(checks, writes, count)
+        if after is not None:
+            await after()
+        return result
+
+    async def close(self) -> None:
+        pass  # the test closes the shared backend
+
+
+async def test_open_session_is_session_not_found_when_a_racing_replica_deletes_it(storage: Storage) -> None:
+    """OpenSession's one miss: another replica creates the key's session
+    between this one's lookup and its create, and deletes it before this one
+    reads the winner back. The key names no session then; opening again
+    creates one."""
+    raced = _RacedCreate(storage)
+    async with running(raced) as one, running(storage) as two, \
+            one.client(timeout=10) as c1, two.client(timeout=10) as c2:
+        created: list[str] = []
+
+        async def create_elsewhere() -> None:
+            created.append((await c2.open_session("agent", "raced")).session_id)
+
+        async def delete_elsewhere() -> None:
+            await c2.delete_session(created[0])
+
+        raced.before, raced.after = create_elsewhere, delete_elsewhere
+        with pytest.raises(errors.SessionNotFound) as missed:
+            await c1.open_session("agent", "raced")
+        assert missed.value.code == "NOT_FOUND" and created
+        again = await c1.open_session("agent", "raced")
+        assert again.session_id != created[0]

@@ -309,3 +309,13 @@ async def test_an_agent_name_erase_agent_refuses_is_refused(storage: Storage) ->
         assert err.value.reason == reasons.AGENT_NAME_INVALID and err.value.field == "agent"
     assert await all_keys(storage) == before
     await evals.put_run(T, "a" * 65_536, "run-1", {"status": "started"})  # at the limit
+
+
+def test_the_snapshot_key_and_the_runs_prefix_fit_the_key_limit_for_any_tenant_and_agent() -> None:
+    """Why GetAbSnapshot, PutAbSnapshot and ListEvalRuns declare no
+    KEY_TOO_LONG: the keys they build hold no caller id but the tenant and
+    the agent, two segments encoded to at most 256 bytes or a hash."""
+    evals = EvalStore(MemoryStorage(), Limits(), RequestLog(MemoryStorage()))
+    for tenant, agent in (("t" * 1000, "a" * 65_536), ("t" * 256, "a" * 256), ("%" * 85, "\U0001f600" * 21)):
+        for key in (evals._snapshot_key(tenant, agent), evals._runs_prefix(tenant, agent)):
+            assert len(key.encode()) <= Limits().max_key_bytes, (tenant[:8], agent[:8], len(key.encode()))

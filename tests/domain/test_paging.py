@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fencepost import reasons
 from fencepost_server.domain.errors import InvalidArgument
 from fencepost_server.domain.paging import PAGE_KEY_ITEM, PageTokens, secret_from_file
-from fencepost_server.storage import Storage
+from fencepost_server.storage import BackendUnavailable, CasResult, PersistenceUncertain, Storage
 from fencepost_server.storage.memory import MemoryStorage
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
@@ -101,6 +101,33 @@ async def test_replicas_of_one_backend_share_the_key_and_others_do_not() -> None
     elsewhere = PageTokens.of_deployment(MemoryStorage())
     with pytest.raises(InvalidArgument):
         await elsewhere.resume("t", ["l"], tokens[0])
+
+
+class _LostPuts(MemoryStorage):
+    """put_if_absent ends uncertain: applied (`lands`) or not."""
+
+    def __init__(self, lands: bool) -> None:
+        super().__init__()
+        self.lands, self.puts = lands, 0
+
+    async def put_if_absent(self, key: str, value: bytes) -> CasResult:
+        self.puts += 1
+        if self.lands:
+            await super().put_if_absent(key, value)
+        raise PersistenceUncertain("response lost")
+
+
+async def test_an_uncertain_mint_of_the_key_is_settled_by_reading_it() -> None:
+    """A listing writes nothing of its caller's: an uncertain put of the key
+    is read back, never reported as PERSISTENCE_UNCERTAIN."""
+    landed = _LostPuts(lands=True)
+    token = await PageTokens.of_deployment(landed).issue("t", ["l"], "p1")
+    assert await PageTokens.of_deployment(landed).resume("t", ["l"], token) == "p1"
+    lost = _LostPuts(lands=False)
+    with pytest.raises(BackendUnavailable) as refused:
+        await PageTokens.of_deployment(lost).issue("t", ["l"], "p1")
+    assert not isinstance(refused.value, PersistenceUncertain) and lost.puts == 3
+    assert await lost.get(PAGE_KEY_ITEM) is None
 
 
 def test_an_operator_supplied_key_file(tmp_path: Path) -> None:

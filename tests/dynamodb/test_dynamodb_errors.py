@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from fencepost_server.storage import BackendUnavailable, PersistenceUncertain
-from fencepost_server.storage.dynamodb import DynamoStorage, RetryPolicy
+from fencepost_server.storage import BackendUnavailable, PersistenceUncertain, Put
+from fencepost_server.storage.dynamodb import DynamoStorage, RequestRejected, RetryPolicy
 from tests.dynamo_support import FAKE_CREDENTIALS, REGION, moto_endpoint
 
 pytestmark = pytest.mark.backend("dynamodb")
@@ -199,5 +200,48 @@ async def test_missing_table_is_unavailable_at_once() -> None:
     try:
         with pytest.raises(BackendUnavailable, match="ResourceNotFound"):
             await storage.get("t/kv/a")
+    finally:
+        await storage.close()
+
+
+async def test_a_refused_request_names_the_operation_the_key_and_what_dynamodb_said(
+    fake: FakeDynamo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ValidationException is never retried; the error and the log line
+    say which operation on which key DynamoDB refused, and its reason."""
+    fake.script = [error(400, "ValidationException", message="One or more parameter values were invalid")]
+    storage = storage_for(fake.url)
+    try:
+        with caplog.at_level(logging.ERROR, logger="fencepost.dynamodb"), pytest.raises(RequestRejected) as refused:
+            await storage.get("t/kv/refused")
+        assert fake.seen == ["GetItem"]
+        text = str(refused.value)
+        assert "GetItem" in text and "'t/kv/refused'" in text
+        assert "ValidationException: One or more parameter values were invalid" in text
+        logged = [r.getMessage() for r in caplog.records if r.name == "fencepost.dynamodb"]
+        assert len(logged) == 1 and text in logged[0] and "refused" in logged[0]
+    finally:
+        await storage.close()
+
+
+async def test_a_transaction_item_refused_as_invalid_is_named_by_its_key(fake: FakeDynamo) -> None:
+    """A cancellation whose reasons hold a ValidationError: the error names
+    the refused item (its key) and DynamoDB's message for it."""
+    def cancelled(body: dict[str, Any]) -> web.Response:
+        reasons = [{"Code": "None"}] * len(body["TransactItems"])
+        reasons[1] = {"Code": "ValidationError", "Message": "Item size has exceeded the maximum allowed size"}
+        payload = {"__type": ERROR_PREFIX + "TransactionCanceledException", "Message": "Transaction cancelled",
+                   "CancellationReasons": reasons}
+        return web.json_response(payload, status=400, content_type="application/x-amz-json-1.0")
+
+    fake.script = [cancelled]
+    storage = storage_for(fake.url)
+    try:
+        with pytest.raises(RequestRejected) as refused:
+            await storage.transact([], [Put("t/kv/a", b"x"), Put("t/kv/b", b"y")])
+        assert fake.seen == ["TransactWriteItems"]
+        text = str(refused.value)
+        assert "TransactWriteItems" in text and "ValidationError" in text
+        assert "'t/kv/b': ValidationError: Item size has exceeded the maximum allowed size" in text
     finally:
         await storage.close()

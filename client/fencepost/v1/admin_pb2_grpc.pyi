@@ -49,8 +49,8 @@ class AdminServiceStub:
       field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff (with the same request_id for a start).
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
-      unknown. Retry with the same request_id (it returns the same operation).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the starts: EraseAgent, EraseTenant):
+      a start was sent but its outcome is unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 
@@ -110,8 +110,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
       field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff (with the same request_id for a start).
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
-      unknown. Retry with the same request_id (it returns the same operation).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the starts: EraseAgent, EraseTenant):
+      a start was sent but its outcome is unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 
@@ -167,8 +167,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
       field violation names it). Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff (with the same request_id for a start).
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a start was sent but its outcome is
-      unknown. Retry with the same request_id (it returns the same operation).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the starts: EraseAgent, EraseTenant):
+      a start was sent but its outcome is unknown. Retry with the same request_id (it returns the same operation).
     - UNAUTHENTICATED: see the security section of the README.
     """
 

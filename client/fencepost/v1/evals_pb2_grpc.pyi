@@ -49,17 +49,18 @@ class EvalServiceStub:
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-      value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+      over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
       request_id): the request_id was used for a different request. Use a
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -108,7 +109,8 @@ class EvalServiceStub:
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
-    are one list each).
+    are one list each). A prune whose outcome the backend left unknown is
+    UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -173,17 +175,18 @@ class EvalServiceAsyncStub(EvalServiceStub):
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-      value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+      over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
       request_id): the request_id was used for a different request. Use a
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -229,7 +232,8 @@ class EvalServiceAsyncStub(EvalServiceStub):
     Cost: PutEvalRun never prunes, so a first page reads every stored run and
     deletes, one call each, every run past the window: list now and then, or
     expect the first page after many puts to take a while (the later pages
-    are one list each).
+    are one list each). A prune whose outcome the backend left unknown is
+    UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
     Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
     page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
     for this agent's listing: restart without a token); INVALID_ARGUMENT /
@@ -293,17 +297,18 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
       malformed, or the request does not decode (a string that is not valid
       UTF-8, a truncated message); the BadRequest field violation names it.
       Fix the request.
-    - INVALID_ARGUMENT / KEY_TOO_LONG: the encoded key is over the key limit
-      (metadata `limit`, `size`). Use shorter ids.
-    - INVALID_ARGUMENT / VALUE_TOO_LARGE: a snapshot or sample is over the
-      value limit once stored (metadata `limit`, `size`). Send less.
+    - INVALID_ARGUMENT / KEY_TOO_LONG (the RPCs that name a run, an experiment
+      or a session): the encoded key is over the key limit (metadata `limit`,
+      `size`). Use shorter ids.
+    - INVALID_ARGUMENT / VALUE_TOO_LARGE (the puts): a snapshot or sample is
+      over the value limit once stored (metadata `limit`, `size`). Send less.
     - INVALID_ARGUMENT / REQUEST_ID_REUSED (the writes, which take a
       request_id): the request_id was used for a different request. Use a
       fresh id per distinct request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff; nothing is reported as a miss during an outage.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry (every write here is idempotent) or re-read.
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry (every write here is idempotent) or re-read.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -371,7 +376,8 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         Cost: PutEvalRun never prunes, so a first page reads every stored run and
         deletes, one call each, every run past the window: list now and then, or
         expect the first page after many puts to take a while (the later pages
-        are one list each).
+        are one list each). A prune whose outcome the backend left unknown is
+        UNAVAILABLE / BACKEND_UNAVAILABLE: list again (pruning twice is harmless).
         Errors: the common ones; INVALID_ARGUMENT / PAGE_SIZE_INVALID (negative
         page_size); INVALID_ARGUMENT / PAGE_TOKEN_INVALID (a token not issued
         for this agent's listing: restart without a token); INVALID_ARGUMENT /

@@ -46,7 +46,7 @@ class JournalServiceStub:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -111,7 +111,7 @@ class JournalServiceServicer:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -230,7 +230,7 @@ class JournalService:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
     Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
     but its outcome is unknown. Retry with the same request_id: a read
     returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured

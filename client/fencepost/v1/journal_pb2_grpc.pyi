@@ -47,7 +47,7 @@ class JournalServiceStub:
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -125,7 +125,7 @@ class JournalServiceAsyncStub(JournalServiceStub):
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
@@ -199,7 +199,7 @@ class JournalServiceServicer(metaclass=_abc_1.ABCMeta):
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: an append was sent to the backend
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (AppendTurn): an append was sent to the backend
       but its outcome is unknown. Retry with the same request_id: a read
       returns at most one record per request_id.
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured

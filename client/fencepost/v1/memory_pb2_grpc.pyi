@@ -54,8 +54,8 @@ class MemoryServiceStub:
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -105,7 +105,8 @@ class MemoryServiceStub:
     """Search returns live entries matching every token of the query (content
     or about keys), newest first, entries outside their validity window
     included and marked. A query with no letters or digits matches nothing.
-    Each returned entry's usage counters are bumped.
+    Each returned entry's usage counters are bumped (statistics only: a bump
+    whose outcome the backend left unknown is dropped from the answer).
     Errors: the common ones.
     Roles: service and operator.
     """
@@ -220,8 +221,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -268,7 +269,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """Search returns live entries matching every token of the query (content
     or about keys), newest first, entries outside their validity window
     included and marked. A query with no letters or digits matches nothing.
-    Each returned entry's usage counters are bumped.
+    Each returned entry's usage counters are bumped (statistics only: a bump
+    whose outcome the backend left unknown is dropped from the answer).
     Errors: the common ones.
     Roles: service and operator.
     """
@@ -382,8 +384,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
       was used for a different request of this agent. Use a fresh id.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
       Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Retry with the same request_id (it applies once).
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+      outcome is unknown. Retry with the same request_id (it applies once).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
       (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -446,7 +448,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Search returns live entries matching every token of the query (content
         or about keys), newest first, entries outside their validity window
         included and marked. A query with no letters or digits matches nothing.
-        Each returned entry's usage counters are bumped.
+        Each returned entry's usage counters are bumped (statistics only: a bump
+        whose outcome the backend left unknown is dropped from the answer).
         Errors: the common ones.
         Roles: service and operator.
         """

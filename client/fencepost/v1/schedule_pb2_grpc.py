@@ -49,8 +49,8 @@ class ScheduleServiceStub:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+    DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
@@ -127,8 +127,8 @@ class ScheduleServiceServicer:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+    DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones
@@ -301,8 +301,8 @@ class ScheduleService:
     and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
     nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-    unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+    DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
     (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
     (README, "Security"), the call presented no credentials or unknown ones

@@ -50,8 +50,8 @@ class ScheduleServiceStub:
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+      DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
@@ -165,8 +165,8 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+      DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones
@@ -276,8 +276,8 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
       and a BadRequest field violation name the field. Fix the request.
     - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
       nothing was applied. Retry with backoff.
-    - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
-      unknown. Call ListReminders to learn whether it landed before retrying
+    - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+      DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
       (a retried CreateReminder would create a second reminder).
     - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
       (README, "Security"), the call presented no credentials or unknown ones

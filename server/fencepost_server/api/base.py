@@ -27,7 +27,7 @@ from fencepost import reasons
 
 from .. import tracing
 from ..domain.errors import Code, DomainError, PermissionDenied, Unauthenticated
-from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain
+from ..storage import BackendUnavailable, InvalidTransaction, PersistenceUncertain, RequestRejected
 from .wire import UndecodableRequest
 
 log = logging.getLogger("fencepost.rpc")
@@ -108,6 +108,13 @@ def status_of(exc: BaseException) -> status_pb2.Status:
         # refuse what the domain's count of the request let through
         metadata = {} if exc.limit is None else {"limit": str(exc.limit), "size": str(exc.size)}
         code, reason, message, field = Code.INVALID_ARGUMENT, reasons.TXN_TOO_LARGE, str(exc), None
+    elif isinstance(exc, RequestRejected):
+        # the backend's words (keys included) go to the server's log, not to the caller
+        code, reason, message, metadata, field = (
+            Code.INTERNAL, reasons.INTERNAL,
+            "internal error: the storage backend refused the request as malformed (a server bug; "
+            "the server log names the request)", {}, None,
+        )
     else:
         code, reason, message, metadata, field = Code.INTERNAL, reasons.INTERNAL, "internal error", {}, None
     message = _clip(message, _MESSAGE_CHARS)
@@ -246,7 +253,9 @@ def _failure(method: str, exc: Exception) -> tuple[tuple[str, str], status_pb2.S
     """The status that ends the RPC for `exc`, and (code name, reason) for metrics."""
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
-    if not isinstance(exc, _SERVING_ERRORS):
+    if isinstance(exc, RequestRejected):
+        log.error("%s failed: the backend refused a request as malformed: %s", method, exc, exc_info=exc)
+    elif not isinstance(exc, _SERVING_ERRORS):
         log.exception("unhandled error in %s", method)
     status = status_of(exc)
     info = error_details_pb2.ErrorInfo()

@@ -31,7 +31,7 @@ from typing import Any
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ..storage import Delete, Expect, Item, Put, Storage
+from ..storage import BackendUnavailable, Delete, Expect, Item, PersistenceUncertain, Put, Storage
 from .errors import InvalidArgument, NotFound, limit_error
 from .keys import TenantKeys, check_erasable_agent
 from .kv import _fingerprint
@@ -278,7 +278,12 @@ class EvalStore:
         spared: dict[str, Item | None] = {}
         for row in doomed:
             # Conditioned on the version read: a run upserted meanwhile survives.
-            if (await self.storage.delete_if_version(row.key, row.version)).applied:
+            try:
+                deleted = await self.storage.delete_if_version(row.key, row.version)
+            except PersistenceUncertain as exc:
+                # the caller listed, it wrote nothing: a failed read, retried by listing again
+                raise BackendUnavailable(f"pruning eval runs: {exc}; list again") from exc
+            if deleted.applied:
                 pruned += 1
             else:  # still stored (the listing returns every stored run): as it is now
                 spared[row.key] = await self.storage.get(row.key)

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 
 from fencepost import reasons
 
-from ..storage import Storage
+from ..storage import BackendUnavailable, PersistenceUncertain, Storage
 from .errors import InvalidArgument
 from .keys import GLOBAL_PREFIX
 
@@ -151,15 +151,28 @@ def _check_secret(secret: bytes) -> None:
         raise ValueError(f"the page-token secret must be {SECRET_BYTES} bytes (got {len(secret)})")
 
 
+#: rounds of put_if_absent + get before a listing gives up on the secret
+_SECRET_ROUNDS = 3
+
+
 async def _stored_secret(storage: Storage) -> bytes:
-    """The secret under PAGE_KEY_ITEM, minted by whichever replica needs it first."""
-    fresh = os.urandom(SECRET_BYTES)
-    if (await storage.put_if_absent(PAGE_KEY_ITEM, fresh)).applied:
-        return fresh
-    stored = await storage.get(PAGE_KEY_ITEM)
-    if stored is None:  # deleted between the two calls (a rotation): take the next one
-        return await _stored_secret(storage)
-    return stored.value
+    """The secret under PAGE_KEY_ITEM, minted by whichever replica needs it first.
+
+    Whatever is stored once the put is over is the deployment's secret, so a
+    put of unknown outcome is settled by reading it back: a listing is a read
+    and never reports PERSISTENCE_UNCERTAIN (its caller wrote nothing)."""
+    for _ in range(_SECRET_ROUNDS):
+        fresh = os.urandom(SECRET_BYTES)
+        try:
+            if (await storage.put_if_absent(PAGE_KEY_ITEM, fresh)).applied:
+                return fresh
+        except PersistenceUncertain:
+            pass  # landed or not: the read below tells
+        stored = await storage.get(PAGE_KEY_ITEM)
+        if stored is not None:
+            return stored.value
+        # absent: the put did not land, or a rotation deleted it since: again
+    raise BackendUnavailable(f"the page-token secret could not be stored in {_SECRET_ROUNDS} attempts")
 
 
 def page_size(limits: Limits, requested: int) -> int:

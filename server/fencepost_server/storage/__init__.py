@@ -16,6 +16,7 @@ from .base import (
     Marker,
     PersistenceUncertain,
     Put,
+    RequestRejected,
     Storage,
     StorageError,
     TxnResult,
@@ -27,6 +28,7 @@ from .registry import open_backend, register
 
 __all__ = [
     "EXPORT_PAGE", "MAX_TXN_BYTES", "MAX_TXN_OPS", "TXN_OP_OVERHEAD", "BackendUnavailable", "CasResult", "Check",
-    "CountKeys", "Delete", "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "Storage",
+    "CountKeys", "Delete", "Expect", "InvalidTransaction", "Item", "Marker", "PersistenceUncertain", "Put", "RequestRejected",
+    "Storage",
     "StorageError", "TxnResult", "Write", "key_bytes", "open_backend", "random_hex", "register",
 ]

@@ -88,6 +88,14 @@ class PersistenceUncertain(BackendUnavailable):
     """A write was sent but its outcome is unknown (timeout after sending)."""
 
 
+class RequestRejected(StorageError):
+    """The backend refused a request as malformed (DynamoDB's
+    ValidationException, a key its table cannot hold). Every input a caller
+    can send is validated before it gets here, so this is a server bug: not
+    retryable, and the message names the operation, the key(s) and what the
+    backend said."""
+
+
 class InvalidTransaction(StorageError, ValueError):
     """A transaction is malformed (too many operations, one key twice).
     Over a limit, `limit` and `size` say which and by how much (the caller

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fencepost import reasons
 
-from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError
+from ...storage import MAX_TXN_OPS, BackendUnavailable, Delete, Expect, PersistenceUncertain, Put, StorageError
 from ..errors import InvalidArgument, NotFound
 from ..paging import page_size
 from .activity import Activity
@@ -66,6 +68,19 @@ class _Position:
     after: str  # the last index key examined ("" = from T0)
     count: int = 0
     used: int = 0
+
+
+T = TypeVar("T")
+
+
+async def _as_read(call: Awaitable[T]) -> T:
+    """A listing's own bookkeeping write (the index, a size cache) of unknown
+    outcome fails the listing as a read fails, to be listed again; never as
+    PERSISTENCE_UNCERTAIN: the caller wrote nothing."""
+    try:
+        return await call
+    except PersistenceUncertain as exc:
+        raise BackendUnavailable(f"listing sessions: {exc}; list again") from exc
 
 
 class ListingMethods(SessionMethods):
@@ -108,7 +123,7 @@ class ListingMethods(SessionMethods):
                     {"listing_horizon_seconds": f"{self.config.listing_horizon:g}"}, field="page_token",
                 )
         root = agent_root(tenant, agent)
-        await self._ensure_index(root)
+        await _as_read(self._ensure_index(root))
         prefix = index_prefix(root)
         cutoff = pos.t0 - int(max_age * 1e6)
         start = prefix + pos.after if pos.after else index_start(prefix, pos.t0 - 1)
@@ -132,7 +147,7 @@ class ListingMethods(SessionMethods):
                     if pos.count >= max_sessions:
                         return out, ""
                     try:
-                        summary = await self._summary(tenant, sid, micros, entry)
+                        summary = await _as_read(self._summary(tenant, sid, micros, entry))
                     except NotFound:
                         continue  # deleted since (an entry written before the index)
                     if pos.used + summary.total_bytes > max_total_bytes:

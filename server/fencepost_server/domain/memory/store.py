@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ...storage import Expect, Put, Storage
+from ...storage import Expect, PersistenceUncertain, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys, check_erasable_agent
 from ..limits import Limits
@@ -581,7 +581,13 @@ class MemoryStore:
                 out[eid] = new
                 value = json.dumps({"n": new.recall_count, "at": new.last_recalled_at}).encode()
                 writes.append(Put(key, value, Expect(version=item.version) if item else Expect(exists=False)))
-            if (await self.storage.transact((), writes)).applied:
+            try:
+                applied = (await self.storage.transact((), writes)).applied
+            except PersistenceUncertain:
+                # counted or not: the search answers without the counts (retrying could count twice)
+                log.warning("memory usage bump for %d entries of unknown outcome", len(ids), exc_info=True)
+                return {}
+            if applied:
                 return out
         log.warning("memory usage bump for %d entries dropped after contention", len(ids))
         return {}

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import Expect, Item
-from .errors import RequestRejected
+from ..base import Expect, Item, RequestRejected
 from .layout import KeyLayout
 from .table import PARTITION_KEY, SORT_KEY, VALUE, VERSION
 
@@ -72,6 +71,16 @@ def transaction_bytes(items: list[Attributes]) -> int:
     against its 4 MB limit (keys of checks and deletes too), so more than the
     storage contract's keys plus values."""
     return sum(attributes_bytes(body.get("Item") or body["Key"]) for entry in items for body in entry.values())
+
+
+def entry_label(entry: Attributes) -> str:
+    """A TransactWriteItems entry as a log names it: its kind and key."""
+    kind, body = next(iter(entry.items()))
+    attrs = body.get("Item") or body.get("Key") or {}
+    partition, sort = attrs.get(PARTITION_KEY, {}).get("S", ""), attrs.get(SORT_KEY, {}).get("S", "")
+    if partition == DIRECTORY_PK:
+        return f"{kind} of the directory entry of partition {sort!r}"
+    return f"{kind} {key_from(attrs)!r}" if partition else kind
 
 
 def directory_put(table: str, partition: str) -> Attributes:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import ClientError as HttpClientError
 from botocore.exceptions import (
@@ -38,15 +39,13 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..base import BackendUnavailable, PersistenceUncertain, StorageError
+from ..base import BackendUnavailable, PersistenceUncertain, RequestRejected
+from .codec import entry_label
 
 T = TypeVar("T")
+log = logging.getLogger("fencepost.dynamodb")
 
-
-class RequestRejected(StorageError):
-    """DynamoDB refused the request as malformed (a fencepost bug or a key the
-    table cannot hold). Not retryable."""
-
+__all__ = ["RequestRejected"]  # re-exported: defined with the storage contract
 
 class Failure(enum.Enum):
     REFUSED = "refused"
@@ -134,10 +133,20 @@ def cause(exc: BaseException) -> str | None:
     return None
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, items: Sequence[dict[str, Any]] = ()) -> str:
+    """The error as DynamoDB stated it; for a cancelled transaction, also each
+    item it refused (by key, when `items` are the request's entries)."""
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         text = f"{err.get('Code', 'error')}: {err.get('Message', '')}".rstrip(": ")
+        refused = [
+            f"{entry_label(items[n]) if n < len(items) else f'item {n}'}: {r.get('Code')}: {r.get('Message', '')}"
+            .rstrip(": ")
+            for n, r in enumerate(exc.response.get("CancellationReasons") or [])
+            if str(r.get("Code")) not in _REFUSED_CANCELLATIONS and r.get("Code") != "ConditionalCheckFailed"
+        ]
+        if refused:
+            text += " (" + "; ".join(refused) + ")"
     else:
         text = f"{type(exc).__name__}: {exc}"
     why = cause(exc)
@@ -167,13 +176,16 @@ async def with_retries(
     *,
     what: str,
     write: bool,
+    key: str | None = None,
+    items: Sequence[dict[str, Any]] = (),
 ) -> T:
     """Run `attempt(after_ambiguous)` until it returns or a failure is final.
 
     `after_ambiguous` tells the attempt that an earlier try of this same write
     may have landed, so it must resolve its own outcome (e.g. by recognising
     its own version token) or raise `Ambiguous`. Reads retry every failure but
-    fatal ones.
+    fatal ones. `key` / `items` (the request's key, or its transaction
+    entries) only name what a refused request was about.
     """
     after_ambiguous = False
     last: BaseException | None = None
@@ -187,7 +199,7 @@ async def with_retries(
         except Exception as exc:
             kind = classify(exc)
             if kind is Failure.REJECTED:
-                raise RequestRejected(f"{what}: {describe(exc)}") from exc
+                raise _rejected(what, key, items, exc) from exc
             if kind is Failure.FATAL:
                 raise BackendUnavailable(f"{what}: {describe(exc)}") from exc
             if kind is Failure.AMBIGUOUS and write:
@@ -199,3 +211,12 @@ async def with_retries(
             f"{what}: outcome unknown after {policy.attempts} attempts ({describe(last)})"
         ) from last
     raise BackendUnavailable(f"{what}: gave up after {policy.attempts} attempts ({describe(last)})") from last
+
+
+def _rejected(what: str, key: str | None, items: Sequence[dict[str, Any]], exc: BaseException) -> RequestRejected:
+    """The error for a request DynamoDB refused as malformed, logged: what
+    fencepost sent (operation, key or items) and what DynamoDB said."""
+    subject = f" of key {key!r}" if key is not None else f" of {len(items)} items" if items else ""
+    error = RequestRejected(f"{what}{subject}: {describe(exc, items)}")
+    log.error("DynamoDB refused a request as malformed: %s", error)
+    return error

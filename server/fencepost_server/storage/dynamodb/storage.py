@@ -175,6 +175,7 @@ class DynamoStorage(Storage):
             lambda _: client.get_item(TableName=self.table, Key=key_attrs, ConsistentRead=True),
             what="GetItem",
             write=False,
+            key=key,
         )
         attrs = response.get("Item")
         return item_from(attrs) if attrs else None
@@ -195,7 +196,7 @@ class DynamoStorage(Storage):
                 raise Ambiguous("the key is gone, but an earlier attempt may have removed it")
             return existed
 
-        return await with_retries(self.retry, attempt, what="DeleteItem", write=True)
+        return await with_retries(self.retry, attempt, what="DeleteItem", write=True, key=key)
 
     async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
         rows = await self._list(prefix, start_after, limit, keys_only=False)
@@ -290,7 +291,7 @@ class DynamoStorage(Storage):
                 return CasResult(False, current.version if current else None, current)
             return CasResult(True, None)
 
-        return await with_retries(self.retry, attempt, what="DeleteItem", write=True)
+        return await with_retries(self.retry, attempt, what="DeleteItem", write=True, key=key)
 
     async def _put(self, key: str, value: bytes, condition: Condition | None) -> CasResult:
         partition, key_attrs = self.codec.key_attributes(key)
@@ -333,7 +334,7 @@ class DynamoStorage(Storage):
                 self._known.remember([partition], sent)
             return CasResult(True, version)
 
-        return await with_retries(self.retry, attempt, what="PutItem", write=True)
+        return await with_retries(self.retry, attempt, what="PutItem", write=True, key=key)
 
     # -- transactions ------------------------------------------------------
     async def transact(
@@ -448,7 +449,7 @@ class DynamoStorage(Storage):
             self._known.remember(new_partitions, sent)
             return TxnResult(True, tuple(versions))
 
-        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=True)
+        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=True, items=items)
 
     async def _checks_only(self, operations: list[tuple[int, dict[str, Any]]], versions: list[str | None]) -> TxnResult:
         """A transaction that writes nothing: its checks, still atomically."""
@@ -469,7 +470,7 @@ class DynamoStorage(Storage):
                 return TxnResult(False, failed=tuple(found), found=found)
             return TxnResult(True, tuple(versions))
 
-        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=False)
+        return await with_retries(self.retry, attempt, what="TransactWriteItems", write=False, items=items)
 
     async def _write_directory(self, partitions: Sequence[str]) -> None:
         """Directory entries ahead of a transaction too large to carry them."""

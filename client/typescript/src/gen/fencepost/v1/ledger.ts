@@ -4573,15 +4573,16 @@ export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
  *
  * Errors common to every RPC (each carries a google.rpc.ErrorInfo with the
  * reason below, domain "fencepost.dev", and the variables in metadata):
- * - NOT_FOUND / SESSION_NOT_FOUND: no such session for this tenant (metadata
- *   `session_id`). Open or resolve the session again; do not retry as is.
+ * - NOT_FOUND / SESSION_NOT_FOUND (every RPC but ListSessions): no such
+ *   session for this tenant (metadata `session_id`). Open or resolve the session again; do not retry as is.
  * - INVALID_ARGUMENT / FIELD_INVALID: a field is malformed, or the request
  *   does not decode (a string that is not valid UTF-8, a truncated message);
  *   a BadRequest field violation names it. Fix the request.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
  *   nothing was applied. Retry with backoff.
- * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
- *   unknown. Retry with the same commit_id / dedupe_key / holder (every
+ * - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the RPCs that write; ResolveSession,
+ *   GetSession, ListSessions, ReadLog, ListInbox and WatchInbox never return
+ *   it): a write was sent but its outcome is unknown. Retry with the same commit_id / dedupe_key / holder (every
  *   mutating RPC here is idempotent when retried that way), or re-read.
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
@@ -4612,7 +4613,9 @@ export const LedgerServiceService = {
    * key of the agent), `session_key` at most 1024, and the session's record
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
-   * Errors: the common ones.
+   * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
+   * caller deleted the key's session while this call opened it (open again:
+   * it creates a new one).
    * Roles: service and operator.
    */
   openSession: {
@@ -4926,7 +4929,9 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * key of the agent), `session_key` at most 1024, and the session's record
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
-   * Errors: the common ones.
+   * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
+   * caller deleted the key's session while this call opened it (open again:
+   * it creates a new one).
    * Roles: service and operator.
    */
   openSession: handleUnaryCall<OpenSessionRequest, OpenSessionResponse>;
@@ -5114,7 +5119,9 @@ export interface LedgerServiceClient extends Client {
    * key of the agent), `session_key` at most 1024, and the session's record
    * (names plus `metadata`) at most 256 KiB: over any of them is
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
-   * Errors: the common ones.
+   * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
+   * caller deleted the key's session while this call opened it (open again:
+   * it creates a new one).
    * Roles: service and operator.
    */
   openSession(

@@ -3862,8 +3862,8 @@ export const MemoryServiceBuildInjectionResponse: MessageFns<MemoryServiceBuildI
  *   was used for a different request of this agent. Use a fresh id.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached.
  *   Retry with backoff.
- * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
- *   unknown. Retry with the same request_id (it applies once).
+ * - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes): a write was sent but its
+ *   outcome is unknown. Retry with the same request_id (it applies once).
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
  *   (bearer token, client certificate, SPIFFE id). Fix the credentials.
@@ -3932,7 +3932,8 @@ export const MemoryServiceService = {
    * Search returns live entries matching every token of the query (content
    * or about keys), newest first, entries outside their validity window
    * included and marked. A query with no letters or digits matches nothing.
-   * Each returned entry's usage counters are bumped.
+   * Each returned entry's usage counters are bumped (statistics only: a bump
+   * whose outcome the backend left unknown is dropped from the answer).
    * Errors: the common ones.
    * Roles: service and operator.
    */
@@ -4168,7 +4169,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * Search returns live entries matching every token of the query (content
    * or about keys), newest first, entries outside their validity window
    * included and marked. A query with no letters or digits matches nothing.
-   * Each returned entry's usage counters are bumped.
+   * Each returned entry's usage counters are bumped (statistics only: a bump
+   * whose outcome the backend left unknown is dropped from the answer).
    * Errors: the common ones.
    * Roles: service and operator.
    */
@@ -4328,7 +4330,8 @@ export interface MemoryServiceClient extends Client {
    * Search returns live entries matching every token of the query (content
    * or about keys), newest first, entries outside their validity window
    * included and marked. A query with no letters or digits matches nothing.
-   * Each returned entry's usage counters are bumped.
+   * Each returned entry's usage counters are bumped (statistics only: a bump
+   * whose outcome the backend left unknown is dropped from the answer).
    * Errors: the common ones.
    * Roles: service and operator.
    */

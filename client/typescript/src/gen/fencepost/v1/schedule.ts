@@ -1928,8 +1928,8 @@ export const WatchDueResponse: MessageFns<WatchDueResponse> = {
  *   and a BadRequest field violation name the field. Fix the request.
  * - UNAVAILABLE / BACKEND_UNAVAILABLE: the backend could not be reached;
  *   nothing was applied. Retry with backoff.
- * - UNAVAILABLE / PERSISTENCE_UNCERTAIN: a write was sent but its outcome is
- *   unknown. Call ListReminders to learn whether it landed before retrying
+ * - UNAVAILABLE / PERSISTENCE_UNCERTAIN (the writes: CreateReminder,
+ *   DeleteReminder, Dispatch): a write was sent but its outcome is unknown. Call ListReminders to learn whether it landed before retrying
  *   (a retried CreateReminder would create a second reminder).
  * - UNAUTHENTICATED / UNAUTHENTICATED: when authentication is configured
  *   (README, "Security"), the call presented no credentials or unknown ones
