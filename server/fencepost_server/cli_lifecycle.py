@@ -11,10 +11,12 @@ from typing import Any
 
 from fencepost.cli.args import positive_int
 
+from .lifecycle.stores import EMPTY_TARGET
 from .storage import EXPORT_PAGE
 
 _EXIT_CODES = """exit codes: 0 done (and verified), 1 a backend failed (migrate: run it again to resume),
-2 usage, 3 refused (target not empty), 4 archive corrupt or incomplete, 5 verification found differences"""
+2 usage, 3 refused (target not empty), 4 archive corrupt or incomplete, 5 verification found differences,
+130 interrupted (what the store holds now and the next step are printed)"""
 
 _URLS = "backend URLs: sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R"
 
@@ -66,20 +68,26 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_migrate)
 
 
-def _run(coro: Any) -> tuple[int, Any]:
-    from .lifecycle import LifecycleError
+def _run(coro: Any, interrupted: str) -> tuple[int, Any]:
+    """Run a command; on Ctrl-C say what state it left (`interrupted`) and the next step."""
+    from .lifecycle import Exit, LifecycleError
 
     try:
         return 0, asyncio.run(coro)
     except LifecycleError as exc:
         print(f"fencepost: {exc}", file=sys.stderr)
         return int(exc.code), None
+    except KeyboardInterrupt:
+        end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar may be half drawn
+        print(f"{end_bar}fencepost: interrupted: {interrupted}", file=sys.stderr)
+        return int(Exit.INTERRUPTED), None
 
 
 def _cmd_backup(args: argparse.Namespace) -> int:
     from .lifecycle import backup
 
-    code, report = _run(backup(args.backend, args.out, page=args.page))
+    code, report = _run(backup(args.backend, args.out, page=args.page),
+                        f"no archive was written ({args.out} is only renamed into place when complete)")
     if report is not None:
         state = "point-in-time snapshot" if report.consistency == "snapshot" else (
             "logical; source quiesced (unchanged on a second read)" if report.quiesced
@@ -92,7 +100,9 @@ def _cmd_backup(args: argparse.Namespace) -> int:
 def _cmd_restore(args: argparse.Namespace) -> int:
     from .lifecycle import Exit, restore
 
-    code, report = _run(restore(args.backend, args.archive, create_table=args.create_table))
+    code, report = _run(restore(args.backend, args.archive, create_table=args.create_table),
+                        f"{args.backend} may now hold part of the archive: {EMPTY_TARGET}, "
+                        "then run the same command again")
     if report is None:
         return code
     print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s")
@@ -100,10 +110,12 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from .lifecycle import Exit, migrate
+    from .lifecycle import Exit, migrate, work_dir_for
 
-    code, report = _run(migrate(args.source, args.target, work_dir=args.work_dir, page=args.page,
-                                create_table=args.create_table))
+    work = args.work_dir or work_dir_for(args.source, args.target)
+    code, report = _run(migrate(args.source, args.target, work_dir=work, page=args.page,
+                                create_table=args.create_table),
+                        f"run the same command again to resume (the checkpoint is in {work})")
     if report is None:
         return code
     resumed = f" (resumed after {report.resumed_after} items)" if report.resumed_after else ""

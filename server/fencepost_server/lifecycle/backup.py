@@ -24,6 +24,7 @@ from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
 from .fit import item_sizer, refuse_unfit
 from .progress import Progress
 from .stores import (
+    EMPTY_TARGET,
     Exit,
     LifecycleError,
     count_snapshot,
@@ -124,7 +125,9 @@ async def restore(
         if create_table and hasattr(target, "create_table"):
             await target.create_table()
         if not await is_empty(target):
-            raise LifecycleError(f"{url} is not empty: restore only writes into an empty store", Exit.REFUSED)
+            raise LifecycleError(f"{url} is not empty: restore only writes into an empty store (a new file or "
+                                 "table). If it holds only what an interrupted restore wrote, "
+                                 f"{EMPTY_TARGET} and run the command again", Exit.REFUSED)
         sizer = item_sizer(target)
         if sizer is not None:  # an item the target cannot hold: refused before anything is written
             for items in reader.chunks():

@@ -29,12 +29,18 @@ class Exit(enum.IntEnum):
     REFUSED = 3  # a non-empty target, a checkpoint of another migration
     CORRUPT = 4  # the archive fails its checksums or is incomplete
     DIFFERENT = 5  # the verification pass found differences
+    INTERRUPTED = 130  # Ctrl-C, as every fencepost command
 
 
 class LifecycleError(Exception):
     def __init__(self, message: str, code: Exit = Exit.FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+#: how to empty a restore target that an interrupted restore left partial
+EMPTY_TARGET = ("delete it (a SQLite file: with its -wal and -shm files; a DynamoDB table: delete it and create it "
+                "again, e.g. with --create-table)")
 
 
 def scheme_of(url: str) -> str:

@@ -1,0 +1,84 @@
+"""`fencepost backup | restore | migrate` interrupted (Ctrl-C): what the
+operator is told about the store and the next step (docs/lifecycle.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fencepost_server.cli import main
+from fencepost_server.lifecycle import Exit
+from fencepost_server.lifecycle.progress import Progress
+from fencepost_server.storage import open_backend
+
+INTERRUPTED = 130
+
+
+def _fill(url: str, n: int = 30) -> None:
+    async def fill() -> None:
+        storage = open_backend(url)
+        try:
+            for i in range(n):
+                await storage.put(f"t/kv/item-{i:03d}", b"v" * i)
+        finally:
+            await storage.close()
+
+    asyncio.run(fill())
+
+
+def _ctrl_c_after_first_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    def advance(self: Progress, n: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "advance", advance)
+
+
+def test_an_interrupted_restore_says_the_target_is_partial_and_how_to_redo_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    archive = tmp_path / "backup.arch"
+    assert main(["backup", "--backend", source, "--out", str(archive), "--page", "10"]) == 0
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    with monkeypatch.context() as patch:
+        _ctrl_c_after_first_page(patch)
+        assert main(["restore", "--backend", target, "--in", str(archive)]) == INTERRUPTED
+    err = capsys.readouterr().err
+    assert "interrupted" in err and target in err and "delete" in err
+
+    # run again, as an operator would: the refusal says why a target may hold something
+    assert main(["restore", "--backend", target, "--in", str(archive)]) == Exit.REFUSED
+    err = capsys.readouterr().err
+    assert "not empty" in err and "interrupted" in err
+
+
+def test_an_interrupted_migration_says_to_run_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    work = tmp_path / "work"
+    argv = ["migrate", "--from", source, "--to", target, "--work-dir", str(work), "--page", "10"]
+    with monkeypatch.context() as patch:
+        _ctrl_c_after_first_page(patch)
+        assert main(argv) == INTERRUPTED
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "run the same command again" in err and str(work) in err
+    assert main(argv) == 0
+
+
+def test_a_backup_interrupted_says_no_archive_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    out = tmp_path / "backup.arch"
+    with monkeypatch.context() as patch:
+        _ctrl_c_after_first_page(patch)
+        assert main(["backup", "--backend", source, "--out", str(out), "--page", "10"]) == INTERRUPTED
+    assert "interrupted" in capsys.readouterr().err
+    assert not list(tmp_path.glob("backup.arch*"))
