@@ -121,11 +121,16 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     resumed = f" (resumed after {report.resumed_after} items)" if report.resumed_after else ""
     if report.already_done:
         print(f"migrate {args.source} -> {args.target}: already copied ({report.resumed_after} items); verified again")
-        return _verdict(report.verification, int(Exit.DIFFERENT))
-    print(f"migrate {args.source} -> {args.target}: copied {report.copied} items{resumed} in "
-          f"{report.copy_seconds:.1f}s ({report.rate:,.0f} items/s) from a {report.consistency} read; "
-          f"verified in {report.verify_seconds:.1f}s")
-    return _verdict(report.verification, int(Exit.DIFFERENT))
+    else:
+        print(f"migrate {args.source} -> {args.target}: copied {report.copied} items{resumed} in "
+              f"{report.copy_seconds:.1f}s ({report.rate:,.0f} items/s) from a {report.consistency} read; "
+              f"verified in {report.verify_seconds:.1f}s")
+    code = _verdict(report.verification, int(Exit.DIFFERENT))
+    if code:
+        print(f"the source changed after the copy read it (a server still writing to it?), or the target was "
+              f"written meanwhile: stop every writer, empty the target (a new file or table), delete {work} "
+              "and run the command again (docs/lifecycle.md, Quiescence)", file=sys.stderr)
+    return code
 
 
 def _verdict(verification: Any, different: int) -> int:

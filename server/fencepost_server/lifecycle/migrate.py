@@ -68,7 +68,8 @@ class Checkpoint:
         try:
             raw = json.loads(path.read_text())
             if raw.get("source") != source_url or raw.get("target") != target_url:
-                raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}",
+                raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}: "
+                                     "pass another --work-dir (or none: the default is one per pair of URLs)",
                                      Exit.REFUSED)
             return cls(raw["source"], raw["target"], raw["phase"], raw.get("last_key"), int(raw["copied"]), path)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -186,8 +187,10 @@ async def migrate(
             await target.create_table()
         if checkpoint is None:
             if not await is_empty(target):
-                raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store "
-                                     "(or resumes its own interrupted run)", Exit.REFUSED)
+                raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store, or "
+                                     "resumes its own interrupted run, whose checkpoint it looked for in "
+                                     f"{checkpoint_file} (none there: resume from the directory the first run "
+                                     "started in, or pass its --work-dir)", Exit.REFUSED)
             checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
             checkpoint.save()
             reuse = False
