@@ -162,9 +162,10 @@ def test_restore_into_a_directory_fails_clearly(tmp_path: Path, capsys: pytest.C
     asyncio.run(_fill(f"sqlite://{tmp_path / 'a.db'}", 3))
     assert main(["backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(archive)]) == 0
     (tmp_path / "dir.db").mkdir()
-    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'dir.db'}", "--in", str(archive)]) == Exit.FAILED
+    code = main(["restore", "--backend", f"sqlite://{tmp_path / 'dir.db'}", "--in", str(archive)])
+    assert code == Exit.USAGE  # refused before anything is opened
     err = capsys.readouterr().err
-    assert "cannot open" in err and "unexpected" not in err
+    assert "is a directory" in err and "unexpected" not in err
 
 
 @pytest.mark.parametrize("argv", [

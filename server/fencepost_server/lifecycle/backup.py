@@ -113,6 +113,8 @@ async def restore(
     loop = asyncio.get_running_loop()
     started = loop.time()
     refuse_memory(url)
+    if archive.is_dir():
+        raise LifecycleError(f"--in {archive} is a directory: name the archive file in it", Exit.USAGE)
     if not archive.is_file():
         raise LifecycleError(f"no archive file at {archive}", Exit.USAGE)
     try:

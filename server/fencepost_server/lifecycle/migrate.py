@@ -43,6 +43,7 @@ from .stores import (
     is_empty,
     open_existing,
     refuse_memory,
+    refuse_unusable_sqlite,
     remove_sqlite_files,
     source,
     sqlite_path,
@@ -170,8 +171,8 @@ async def migrate(
     source_file, target_file = sqlite_path(source_url), sqlite_path(target_url)
     if source_url == target_url or (source_file and target_file and source_file.resolve() == target_file.resolve()):
         raise LifecycleError("--from and --to name the same store", Exit.USAGE)
-    if source_file is not None and not source_file.exists():  # before the target or a checkpoint is made
-        raise LifecycleError(f"no SQLite file at {source_file}", Exit.USAGE)
+    refuse_unusable_sqlite(source_url)  # before the target or a checkpoint is made
+    refuse_unusable_sqlite(target_url, may_create=True)
     work = work_dir or work_dir_for(source_url, target_url)
     try:
         private.make_dirs(work)  # its snapshot holds every stored item

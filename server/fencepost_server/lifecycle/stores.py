@@ -74,12 +74,26 @@ def refuse_memory(*urls: str) -> None:
                                  "or dynamodb://)", Exit.USAGE)
 
 
-def open_existing(url: str, *, may_create: bool = False) -> Storage:
-    """The backend at `url`. Unless `may_create`, a SQLite file that does not
-    exist is refused (opening it would create an empty store and back *that* up)."""
+def refuse_unusable_sqlite(url: str, *, may_create: bool = False) -> None:
+    """USAGE for a sqlite:// URL naming a directory (the state root instead of
+    the file in it), or, unless `may_create`, no file at all (opening it
+    would create an empty store and back *that* up)."""
     path = sqlite_path(url)
-    if path is not None and not may_create and not path.exists():
-        raise LifecycleError(f"no SQLite file at {path}", Exit.USAGE)
+    if path is None:
+        return
+    if path.is_dir():
+        raise LifecycleError(f"{path} is a directory, not a SQLite file (a server's file is fencepost.db in its "
+                             f"--state-root: sqlite://{path / 'fencepost.db'})", Exit.USAGE)
+    if not may_create and not path.exists():
+        # sqlite://tmp/x.db names the relative path tmp/x.db: the usual slip for sqlite:///tmp/x.db
+        hint = "" if path.is_absolute() else (f" (a relative path, from {Path.cwd()}; an absolute path takes three "
+                                              f"slashes: sqlite:///{path})")
+        raise LifecycleError(f"no SQLite file at {path}{hint}", Exit.USAGE)
+
+
+def open_existing(url: str, *, may_create: bool = False) -> Storage:
+    """The backend at `url`; a SQLite URL is checked by `refuse_unusable_sqlite` first."""
+    refuse_unusable_sqlite(url, may_create=may_create)
     try:
         return open_backend(url)
     except ValueError as exc:
