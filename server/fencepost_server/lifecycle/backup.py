@@ -27,7 +27,9 @@ from .stores import (
     EMPTY_TARGET,
     Exit,
     LifecycleError,
+    check_table,
     count_snapshot,
+    ensure_table,
     is_empty,
     open_existing,
     refuse_memory,
@@ -124,8 +126,9 @@ async def restore(
         raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
     target = open_existing(url, may_create=True)
     try:
-        if create_table and hasattr(target, "create_table"):
-            await target.create_table()
+        if create_table:
+            await ensure_table(target, url)
+        await check_table(target, url, target=True)
         if not await is_empty(target):
             raise LifecycleError(f"{url} is not empty: restore only writes into an empty store (a new file or "
                                  "table). If it holds only what an interrupted restore wrote, "

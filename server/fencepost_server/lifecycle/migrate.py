@@ -39,7 +39,9 @@ from .stores import (
     Exit,
     LifecycleError,
     Source,
+    check_table,
     count_snapshot,
+    ensure_table,
     is_empty,
     open_existing,
     refuse_memory,
@@ -184,8 +186,9 @@ async def migrate(
     loop = asyncio.get_running_loop()
     target = open_existing(target_url, may_create=True)
     try:
-        if create_table and hasattr(target, "create_table"):
-            await target.create_table()
+        if create_table:
+            await ensure_table(target, target_url)
+        await check_table(target, target_url, target=True)
         if checkpoint is None:
             if not await is_empty(target):
                 raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store, or "

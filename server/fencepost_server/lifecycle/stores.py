@@ -102,6 +102,53 @@ def open_existing(url: str, *, may_create: bool = False) -> Storage:
         raise LifecycleError(f"cannot open {url}: {exc}") from exc
 
 
+def _missing_table(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    from ..storage.dynamodb.errors import error_code
+
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ClientError) and error_code(cause) == "ResourceNotFoundException":
+            return True
+        cause = cause.__cause__
+    return False
+
+
+async def check_table(storage: Storage, url: str, *, target: bool) -> None:
+    """Name a DynamoDB store whose table is missing or that does not answer
+    before anything is read or written, with the next step that helps: the
+    backend's own message suggests `serve --create-table`, and a migration's
+    failures suggest resuming, neither of which does."""
+    table = getattr(storage, "table", None)
+    if table is None:  # not DynamoDB
+        return
+    try:
+        await storage.ping()
+    except StorageError as exc:
+        if not _missing_table(exc):
+            raise LifecycleError(f"cannot reach {url}: {exc}") from exc
+        if target:
+            raise LifecycleError(f"{url}: the table {table} does not exist: create it (fencepost dynamodb "
+                                 f"create-table --table {table} ...) or pass --create-table") from exc
+        raise LifecycleError(f"{url}: the table {table} does not exist (check the table name, region and "
+                             "endpoint in the URL)") from exc
+
+
+async def ensure_table(storage: Storage, url: str) -> None:
+    """--create-table: create the DynamoDB table when missing (idempotent);
+    one clear line when that fails."""
+    create = getattr(storage, "create_table", None)
+    if create is None:
+        return
+    try:
+        await create()
+    except Exception as exc:  # endpoint, credentials, region, permissions: the environment's
+        from ..storage.dynamodb.errors import describe
+
+        raise LifecycleError(f"--create-table: cannot create the table of {url}: {describe(exc)}") from exc
+
+
 async def is_empty(storage: Storage) -> bool:
     async for page in storage.export_items(None, 1):
         if page:
@@ -133,6 +180,7 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
     one (an existing snapshot file is reused with `reuse`, kept with `keep`)."""
     live = open_existing(url)
     try:
+        await check_table(live, url, target=False)
         take = getattr(live, "snapshot", None)
         if take is None:
             yield Source(live, live, "logical")
