@@ -355,7 +355,8 @@ async def test_the_migration_total_counts_a_marker_once_when_it_has_a_row_too(tm
     out = io.StringIO()
     report = await migrate(f"sqlite://{db}", f"sqlite://{tmp_path / 'b.db'}", work_dir=tmp_path / "work", stream=out)
     assert report.verification.same and report.copied == 3
-    assert out.getvalue().splitlines()[-1].startswith("migrate: 3/3 items")
+    copy_lines = [line for line in out.getvalue().splitlines() if line.startswith("migrate:")]
+    assert copy_lines[-1].startswith("migrate: 3/3 items")
     async with source(f"sqlite://{db}", tmp_path / "snapshot.db") as src:
         assert count_snapshot(src) == 3
 

@@ -22,7 +22,7 @@ from typing import TextIO
 from ..storage import EXPORT_PAGE, Item, StorageError
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
 from .fit import item_sizer, refuse_unfit
-from .progress import Progress
+from .progress import Progress, tracked
 from .stores import (
     EMPTY_TARGET,
     Exit,
@@ -77,7 +77,8 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
                 progress.finish()
                 quiesced = src.snapshot
                 if not quiesced:  # read again: did anything change while we read?
-                    again = await compare_ranges(_iterate(digester.finish()), src.live.export_items(None, page))
+                    again = await compare_ranges(_iterate(digester.finish()), tracked(
+                        src.live.export_items(None, page), Progress("verify", writer.items, stream=stream)))
                     quiesced = again.same
                 trailer = writer.finish(quiesced=quiesced)
             except BaseException:
@@ -143,7 +144,8 @@ async def restore(
             await target.import_items(items)
             progress.advance(len(items))
         progress.finish()
-        verification = await compare(_archive_pages(reader), target.export_items())
+        verification = await compare(tracked(_archive_pages(reader), Progress("verify", trailer.items, stream=stream)),
+                                     target.export_items())
     except ArchiveError as exc:  # the file changed under us since it was verified
         raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
     except StorageError as exc:

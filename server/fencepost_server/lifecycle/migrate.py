@@ -34,7 +34,7 @@ from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, Storage, StorageError, private
 from .fit import item_sizer, refuse_unfit
-from .progress import Progress
+from .progress import Progress, tracked
 from .stores import (
     Exit,
     LifecycleError,
@@ -217,7 +217,9 @@ async def migrate(
                 await _copy_phase(src, target, checkpoint, page, stream, target_url)
             copy_seconds = loop.time() - started
             started = loop.time()
-            verification = await compare(src.live.export_items(None, page), target.export_items(None, page))
+            checking = Progress("verify", checkpoint.copied, stream=stream)
+            verification = await compare(tracked(src.live.export_items(None, page), checking),
+                                         target.export_items(None, page))
             verify_seconds = loop.time() - started
             if verification.same:
                 checkpoint.phase = "done"
