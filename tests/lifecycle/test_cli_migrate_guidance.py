@@ -68,3 +68,15 @@ def test_a_non_empty_migration_target_mentions_where_a_checkpoint_is_looked_for(
     assert main(["migrate", "--from", source, "--to", target]) == Exit.REFUSED
     err = capsys.readouterr().err
     assert "not empty" in err and ".fencepost-migrate" in err and "--work-dir" in err
+
+
+def test_a_refused_run_leaves_no_empty_work_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each refused attempt (a non-empty target here) used to leave an empty
+    .fencepost-migrate/<hash> behind, beside the one that matters."""
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    _fill(source)
+    _fill(target, 1)
+    monkeypatch.chdir(tmp_path)
+    assert main(["migrate", "--from", source, "--to", target]) == Exit.REFUSED
+    assert not list((tmp_path / ".fencepost-migrate").iterdir())

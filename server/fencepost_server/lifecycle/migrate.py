@@ -176,11 +176,24 @@ async def migrate(
     refuse_unusable_sqlite(source_url)  # before the target or a checkpoint is made
     refuse_unusable_sqlite(target_url, may_create=True)
     work = work_dir or work_dir_for(source_url, target_url)
+    fresh = not work.exists()
     try:
         private.make_dirs(work)  # its snapshot holds every stored item
     except OSError as exc:
         why = "it is a file, or under one" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
         raise LifecycleError(f"--work-dir {work}: cannot be the work directory ({why})", Exit.USAGE) from None
+    try:
+        return await _migrate(source_url, target_url, work, page, create_table, stream)
+    except BaseException:
+        if fresh:  # a run refused before its first checkpoint leaves no empty work directory behind
+            with contextlib.suppress(OSError):
+                work.rmdir()
+        raise
+
+
+async def _migrate(
+    source_url: str, target_url: str, work: Path, page: int, create_table: bool, stream: TextIO | None
+) -> MigrationReport:
     checkpoint_file = work / "checkpoint.json"
     checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
     loop = asyncio.get_running_loop()
