@@ -106,7 +106,11 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     if report is None:
         return code
     print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s")
-    return _verdict(report.verification, int(Exit.DIFFERENT))
+    code = _verdict(report.verification, int(Exit.DIFFERENT), ("in the archive", "in the store"))
+    if code:
+        print(f"the store was written while the restore wrote it (a server serving it?): stop every server on "
+              f"{args.backend}, {EMPTY_TARGET}, and run the command again", file=sys.stderr)
+    return code
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -133,12 +137,12 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return code
 
 
-def _verdict(verification: Any, different: int) -> int:
+def _verdict(verification: Any, different: int, sides: tuple[str, str] = ("on the source", "on the target")) -> int:
     v = verification
     if v.same:
         print(f"verified: {v.reference_items} items on both sides, {v.ranges} key ranges, identical")
         return 0
-    print(f"VERIFICATION FAILED: {v.reference_items} items on the source side, {v.other_items} on the target; "
+    print(f"VERIFICATION FAILED: {v.reference_items} items {sides[0]}, {v.other_items} {sides[1]}; "
           f"{v.mismatched} of {v.ranges} key ranges differ:", file=sys.stderr)
     for difference in v.differences:
         print(f"  {difference}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""`fencepost backup | restore | migrate` interrupted (Ctrl-C): what the
-operator is told about the store and the next step (docs/lifecycle.md)."""
+"""`fencepost backup | restore | migrate` interrupted (Ctrl-C), or a restore
+whose target a server wrote meanwhile: what the operator is told about the
+store and the next step (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,30 @@ def test_a_backup_interrupted_says_no_archive_was_written(
         assert main(["backup", "--backend", source, "--out", str(out), "--page", "10"]) == INTERRUPTED
     assert "interrupted" in capsys.readouterr().err
     assert not list(tmp_path.glob("backup.arch*"))
+
+
+def test_a_restore_whose_target_changed_meanwhile_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server left running on the target writes while the restore does: the
+    comparison fails (exit 5), and the message says why that happens and what next."""
+    import sqlite3
+
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    archive = tmp_path / "backup.arch"
+    assert main(["backup", "--backend", source, "--out", str(archive), "--page", "10"]) == 0
+    target = tmp_path / "b.db"
+    advance = Progress.advance
+
+    def a_server_writes(self: Progress, n: int) -> None:
+        advance(self, n)
+        if self.what == "restore":
+            with sqlite3.connect(str(target)) as conn:
+                conn.execute("INSERT OR IGNORE INTO kv (key, value, version) VALUES (?, ?, ?)",
+                             (b"t/kv/written-by-a-server", b"x", "v1"))
+
+    monkeypatch.setattr(Progress, "advance", a_server_writes)
+    assert main(["restore", "--backend", f"sqlite://{target}", "--in", str(archive)]) == Exit.DIFFERENT
+    err = capsys.readouterr().err
+    assert "VERIFICATION FAILED" in err and "server" in err and "delete" in err
