@@ -105,7 +105,12 @@ def _cmd_restore(args: argparse.Namespace) -> int:
                         "then run the same command again")
     if report is None:
         return code
-    print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s")
+    h = report.header
+    print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s "
+          f"(a {h.consistency} archive of a {h.source} store, made {h.created})")
+    if not report.quiesced:
+        print("fencepost: warning: the archive's source was not quiesced (it changed while backup read it): "
+              "the store may hold a mix of two points in time", file=sys.stderr)
     code = _verdict(report.verification, int(Exit.DIFFERENT), ("in the archive", "in the store"))
     if code:
         print(f"the store was written while the restore wrote it (a server serving it?): stop every server on "

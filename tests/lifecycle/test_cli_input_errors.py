@@ -68,3 +68,19 @@ def test_a_truncated_gzip_archive_says_truncated_once(tmp_path: Path, capsys: py
     assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(cut)]) == Exit.CORRUPT
     err = capsys.readouterr().err
     assert "truncated" in err and err.count(str(cut)) == 1
+
+
+def test_restore_says_what_archive_it_restored_and_warns_when_its_source_was_not_quiesced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencepost_server.lifecycle import ArchiveWriter, Header
+    from fencepost_server.storage import Item
+
+    archive = tmp_path / "logical.arch"
+    writer = ArchiveWriter(archive, Header("dynamodb", "logical", created="2026-01-02T03:04:05+00:00"))
+    writer.write([Item("t/kv/a", b"1", "v1"), Item("t/kv/b", b"2", "v2")])
+    writer.finish(quiesced=False)
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(archive)]) == 0
+    out, err = capsys.readouterr()
+    assert "dynamodb" in out and "2026-01-02T03:04:05+00:00" in out
+    assert "not quiesced" in err or "changed while" in err

@@ -54,6 +54,9 @@ class RestoreReport:
     items: int
     verification: Comparison
     seconds: float
+    header: Header
+    #: the trailer's flag: a snapshot, or a logical read that found the source unchanged
+    quiesced: bool = True
 
 
 async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO | None = None) -> BackupReport:
@@ -152,5 +155,5 @@ async def restore(
         raise LifecycleError(f"restore into {url} failed: {exc}") from exc
     finally:
         await target.close()
-    return RestoreReport(trailer.items, verification, loop.time() - started)
+    return RestoreReport(trailer.items, verification, loop.time() - started, reader.header, trailer.quiesced)
 
