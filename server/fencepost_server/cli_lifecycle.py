@@ -112,7 +112,9 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         print("fencepost: warning: the archive's source was not quiesced (it changed while backup read it): "
               "the store may hold a mix of two points in time", file=sys.stderr)
     code = _verdict(report.verification, int(Exit.DIFFERENT), ("in the archive", "in the store"))
-    if code:
+    if not code:
+        print(f"next: serve it (fencepost serve --backend '{args.backend}' ...)")
+    else:
         print(f"the store was written while the restore wrote it (a server serving it?): stop every server on "
               f"{args.backend}, {EMPTY_TARGET}, and run the command again", file=sys.stderr)
     return code
@@ -135,7 +137,10 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
               f"{report.copy_seconds:.1f}s ({report.rate:,.0f} items/s) from a {report.consistency} read; "
               f"verified in {report.verify_seconds:.1f}s")
     code = _verdict(report.verification, int(Exit.DIFFERENT))
-    if code:
+    if not code:
+        print(f"next (docs/lifecycle.md, Runbook): with the source's servers stopped, serve the target "
+              f"(fencepost serve --backend '{args.target}' ...); keep the source, unserved, until satisfied")
+    else:
         print(f"the source changed after the copy read it (a server still writing to it?), or the target was "
               f"written meanwhile: stop every writer, empty the target (a new file or table), delete {work} "
               "and run the command again (docs/lifecycle.md, Quiescence)", file=sys.stderr)

@@ -80,3 +80,19 @@ def test_a_refused_run_leaves_no_empty_work_directory(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert main(["migrate", "--from", source, "--to", target]) == Exit.REFUSED
     assert not list((tmp_path / ".fencepost-migrate").iterdir())
+
+
+def test_a_verified_migration_or_restore_names_the_next_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    assert main(["migrate", "--from", source, "--to", target, "--work-dir", str(tmp_path / "work")]) == 0
+    assert f"fencepost serve --backend '{target}'" in capsys.readouterr().out
+    archive = tmp_path / "backup.arch"
+    assert main(["backup", "--backend", source, "--out", str(archive)]) == 0
+    restored = f"sqlite://{tmp_path / 'c.db'}"
+    capsys.readouterr()
+    assert main(["restore", "--backend", restored, "--in", str(archive)]) == 0
+    assert f"fencepost serve --backend '{restored}'" in capsys.readouterr().out
