@@ -96,3 +96,32 @@ def test_a_verified_migration_or_restore_names_the_next_step(
     capsys.readouterr()
     assert main(["restore", "--backend", restored, "--in", str(archive)]) == 0
     assert f"fencepost serve --backend '{restored}'" in capsys.readouterr().out
+
+
+def test_a_rerun_after_a_failed_verification_says_the_copy_was_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "copied 0 items (resumed after N items) in 0.0s (0 items/s)"."""
+    import sqlite3
+
+    from fencepost_server.lifecycle.progress import Progress
+
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source)
+    argv = ["migrate", "--from", source, "--to", f"sqlite://{tmp_path / 'b.db'}", "--work-dir", str(tmp_path / "w")]
+    advance = Progress.advance
+
+    def a_server_writes_to_the_source(self: Progress, n: int) -> None:
+        advance(self, n)
+        if self.what == "migrate":
+            with sqlite3.connect(str(tmp_path / "a.db")) as conn:
+                conn.execute("INSERT OR IGNORE INTO kv (key, value, version) VALUES (?, ?, ?)",
+                             (b"t/kv/written-by-a-server", b"x", "v1"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Progress, "advance", a_server_writes_to_the_source)
+        assert main(argv) == Exit.DIFFERENT
+    capsys.readouterr()
+    assert main(argv) == Exit.DIFFERENT
+    out = capsys.readouterr().out
+    assert "already copied (30 items)" in out and "0 items/s" not in out

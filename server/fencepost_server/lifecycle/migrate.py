@@ -97,7 +97,7 @@ class MigrationReport:
     verification: Comparison
     verify_seconds: float
     consistency: str
-    #: an earlier run had finished: this run only verified again
+    #: an earlier run had finished copying (verified or not): this run only verified again
     already_done: bool = False
 
     @property
@@ -223,7 +223,7 @@ async def _migrate(
             # time, and a fresh snapshot would leave the target a mix of two
             reuse = checkpoint.copied > 0 or checkpoint.phase != "copy" or not await is_empty(target)
         resumed_after = checkpoint.copied
-        already_done = checkpoint.phase == "done"
+        already_done = checkpoint.phase != "copy"  # also after a failed verification: only verify again
         async with source(source_url, work / "source-snapshot.db", reuse=reuse, keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
