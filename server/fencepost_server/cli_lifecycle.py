@@ -11,10 +11,12 @@ from typing import Any
 
 from fencepost.cli.args import positive_int
 
+from .lifecycle.stores import EMPTY_TARGET
 from .storage import EXPORT_PAGE
 
 _EXIT_CODES = """exit codes: 0 done (and verified), 1 a backend failed (migrate: run it again to resume),
-2 usage, 3 refused (target not empty), 4 archive corrupt or incomplete, 5 verification found differences"""
+2 usage, 3 refused (target not empty), 4 archive corrupt or incomplete, 5 verification found differences,
+130 interrupted (what the store holds now and the next step are printed)"""
 
 _URLS = "backend URLs: sqlite:///path.db, dynamodb://TABLE?endpoint=URL&region=R"
 
@@ -66,20 +68,26 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_migrate)
 
 
-def _run(coro: Any) -> tuple[int, Any]:
-    from .lifecycle import LifecycleError
+def _run(coro: Any, interrupted: str) -> tuple[int, Any]:
+    """Run a command; on Ctrl-C say what state it left (`interrupted`) and the next step."""
+    from .lifecycle import Exit, LifecycleError
 
     try:
         return 0, asyncio.run(coro)
     except LifecycleError as exc:
         print(f"fencepost: {exc}", file=sys.stderr)
         return int(exc.code), None
+    except KeyboardInterrupt:
+        end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar may be half drawn
+        print(f"{end_bar}fencepost: interrupted: {interrupted}", file=sys.stderr)
+        return int(Exit.INTERRUPTED), None
 
 
 def _cmd_backup(args: argparse.Namespace) -> int:
     from .lifecycle import backup
 
-    code, report = _run(backup(args.backend, args.out, page=args.page))
+    code, report = _run(backup(args.backend, args.out, page=args.page),
+                        f"no archive was written ({args.out} is only renamed into place when complete)")
     if report is not None:
         state = "point-in-time snapshot" if report.consistency == "snapshot" else (
             "logical; source quiesced (unchanged on a second read)" if report.quiesced
@@ -92,36 +100,59 @@ def _cmd_backup(args: argparse.Namespace) -> int:
 def _cmd_restore(args: argparse.Namespace) -> int:
     from .lifecycle import Exit, restore
 
-    code, report = _run(restore(args.backend, args.archive, create_table=args.create_table))
+    code, report = _run(restore(args.backend, args.archive, create_table=args.create_table),
+                        f"{args.backend} may now hold part of the archive: {EMPTY_TARGET}, "
+                        "then run the same command again")
     if report is None:
         return code
-    print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s")
-    return _verdict(report.verification, int(Exit.DIFFERENT))
+    h = report.header
+    print(f"restore {args.archive} -> {args.backend}: {report.items} items, {report.seconds:.1f}s "
+          f"(a {h.consistency} archive of a {h.source} store, made {h.created})")
+    if not report.quiesced:
+        print("fencepost: warning: the archive's source was not quiesced (it changed while backup read it): "
+              "the store may hold a mix of two points in time", file=sys.stderr)
+    code = _verdict(report.verification, int(Exit.DIFFERENT), ("in the archive", "in the store"))
+    if not code:
+        print(f"next: serve it (fencepost serve --backend '{args.backend}' ...)")
+    else:
+        print(f"the store was written while the restore wrote it (a server serving it?): stop every server on "
+              f"{args.backend}, {EMPTY_TARGET}, and run the command again", file=sys.stderr)
+    return code
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from .lifecycle import Exit, migrate
+    from .lifecycle import Exit, migrate, work_dir_for
 
-    code, report = _run(migrate(args.source, args.target, work_dir=args.work_dir, page=args.page,
-                                create_table=args.create_table))
+    work = args.work_dir or work_dir_for(args.source, args.target)
+    code, report = _run(migrate(args.source, args.target, work_dir=work, page=args.page,
+                                create_table=args.create_table),
+                        f"run the same command again to resume (the checkpoint is in {work})")
     if report is None:
         return code
     resumed = f" (resumed after {report.resumed_after} items)" if report.resumed_after else ""
     if report.already_done:
         print(f"migrate {args.source} -> {args.target}: already copied ({report.resumed_after} items); verified again")
-        return _verdict(report.verification, int(Exit.DIFFERENT))
-    print(f"migrate {args.source} -> {args.target}: copied {report.copied} items{resumed} in "
-          f"{report.copy_seconds:.1f}s ({report.rate:,.0f} items/s) from a {report.consistency} read; "
-          f"verified in {report.verify_seconds:.1f}s")
-    return _verdict(report.verification, int(Exit.DIFFERENT))
+    else:
+        print(f"migrate {args.source} -> {args.target}: copied {report.copied} items{resumed} in "
+              f"{report.copy_seconds:.1f}s ({report.rate:,.0f} items/s) from a {report.consistency} read; "
+              f"verified in {report.verify_seconds:.1f}s")
+    code = _verdict(report.verification, int(Exit.DIFFERENT))
+    if not code:
+        print(f"next (docs/lifecycle.md, Runbook): with the source's servers stopped, serve the target "
+              f"(fencepost serve --backend '{args.target}' ...); keep the source, unserved, until satisfied")
+    else:
+        print(f"the source changed after the copy read it (a server still writing to it?), or the target was "
+              f"written meanwhile: stop every writer, empty the target (a new file or table), delete {work} "
+              "and run the command again (docs/lifecycle.md, Quiescence)", file=sys.stderr)
+    return code
 
 
-def _verdict(verification: Any, different: int) -> int:
+def _verdict(verification: Any, different: int, sides: tuple[str, str] = ("on the source", "on the target")) -> int:
     v = verification
     if v.same:
         print(f"verified: {v.reference_items} items on both sides, {v.ranges} key ranges, identical")
         return 0
-    print(f"VERIFICATION FAILED: {v.reference_items} items on the source side, {v.other_items} on the target; "
+    print(f"VERIFICATION FAILED: {v.reference_items} items {sides[0]}, {v.other_items} {sides[1]}; "
           f"{v.mismatched} of {v.ranges} key ranges differ:", file=sys.stderr)
     for difference in v.differences:
         print(f"  {difference}", file=sys.stderr)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+from fencepost_server.lifecycle import backup, migrate, restore
 from fencepost_server.lifecycle.progress import Progress
+from fencepost_server.storage import open_backend
 
 
 def test_a_short_run_logs_its_final_line_only() -> None:
@@ -26,3 +29,25 @@ def test_a_long_run_logs_a_line_per_interval() -> None:
     progress.finish()
     assert [line.split(" items")[0] for line in out.getvalue().splitlines()] == [
         "backup: 1", "backup: 2", "backup: 3", "backup: 3"]
+
+
+async def test_restore_and_migrate_show_their_verification_pass_too(tmp_path: Path) -> None:
+    """The comparison reads every item again (on DynamoDB as long as the
+    copy): a finished bar followed by silence looks like a hang."""
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    storage = open_backend(source)
+    try:
+        for i in range(25):
+            await storage.put(f"t/kv/{i:02d}", b"v")
+    finally:
+        await storage.close()
+    archive = tmp_path / "backup.arch"
+    await backup(source, archive, page=10, stream=io.StringIO())
+
+    out = io.StringIO()
+    await restore(f"sqlite://{tmp_path / 'b.db'}", archive, stream=out)
+    assert "verify: 25/25 items" in out.getvalue()
+
+    out = io.StringIO()
+    await migrate(source, f"sqlite://{tmp_path / 'c.db'}", work_dir=tmp_path / "work", page=10, stream=out)
+    assert "verify: 25/25 items" in out.getvalue()

@@ -139,7 +139,12 @@ def _parse(line: bytes, where: str) -> dict[str, Any]:
 
 
 def _header(line: bytes) -> Header:
-    raw = _parse(line, "line 1")
+    if not line:
+        raise ArchiveError("not a fencepost archive (the file is empty)")
+    try:
+        raw = _parse(line, "line 1")
+    except ArchiveError:
+        raise ArchiveError("not a fencepost archive (its first line is not a JSON header)") from None
     if raw.get("format") != FORMAT:
         raise ArchiveError("not a fencepost archive (no header)")
     if raw.get("v") not in READS:
@@ -164,6 +169,13 @@ def _items(raw: dict[str, Any], where: str) -> list[Item]:
         raise ArchiveError(f"{where}: malformed item ({exc})") from None
 
 
+def _unreadable(exc: BaseException) -> ArchiveError:
+    """The reader's failures, without the path (the commands name the file)."""
+    if isinstance(exc, EOFError):  # gzip: the compressed stream stops early
+        return ArchiveError(f"the archive is truncated ({exc})")
+    return ArchiveError(f"cannot read the archive: {exc}")
+
+
 class ArchiveReader:
     """Reads an archive, checking every checksum as it goes. `verify()` reads
     it whole first (a restore does, before it writes anything)."""
@@ -174,7 +186,7 @@ class ArchiveReader:
             with _open(path, "rb") as f:
                 self.header = _header(f.readline())
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise ArchiveError(f"cannot read {path}: {exc}") from exc
+            raise _unreadable(exc) from exc
         self.trailer: Trailer | None = None
 
     def chunks(self, *, complete: bool = True) -> Iterator[list[Item]]:
@@ -208,7 +220,7 @@ class ArchiveReader:
                     count += len(items)
                     yield items
         except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
-            raise ArchiveError(f"cannot read {self.path}: {exc}") from exc
+            raise _unreadable(exc) from exc
         if complete and self.trailer is None:
             raise ArchiveError("the archive ends without its trailer (truncated)")
 

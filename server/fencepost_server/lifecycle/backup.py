@@ -22,11 +22,14 @@ from typing import TextIO
 from ..storage import EXPORT_PAGE, Item, StorageError
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
 from .fit import item_sizer, refuse_unfit
-from .progress import Progress
+from .progress import Progress, tracked
 from .stores import (
+    EMPTY_TARGET,
     Exit,
     LifecycleError,
+    check_table,
     count_snapshot,
+    ensure_table,
     is_empty,
     open_existing,
     refuse_memory,
@@ -51,6 +54,9 @@ class RestoreReport:
     items: int
     verification: Comparison
     seconds: float
+    header: Header
+    #: the trailer's flag: a snapshot, or a logical read that found the source unchanged
+    quiesced: bool = True
 
 
 async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO | None = None) -> BackupReport:
@@ -74,7 +80,8 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
                 progress.finish()
                 quiesced = src.snapshot
                 if not quiesced:  # read again: did anything change while we read?
-                    again = await compare_ranges(_iterate(digester.finish()), src.live.export_items(None, page))
+                    again = await compare_ranges(_iterate(digester.finish()), tracked(
+                        src.live.export_items(None, page), Progress("verify", writer.items, stream=stream)))
                     quiesced = again.same
                 trailer = writer.finish(quiesced=quiesced)
             except BaseException:
@@ -112,6 +119,8 @@ async def restore(
     loop = asyncio.get_running_loop()
     started = loop.time()
     refuse_memory(url)
+    if archive.is_dir():
+        raise LifecycleError(f"--in {archive} is a directory: name the archive file in it", Exit.USAGE)
     if not archive.is_file():
         raise LifecycleError(f"no archive file at {archive}", Exit.USAGE)
     try:
@@ -121,10 +130,13 @@ async def restore(
         raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
     target = open_existing(url, may_create=True)
     try:
-        if create_table and hasattr(target, "create_table"):
-            await target.create_table()
+        if create_table:
+            await ensure_table(target, url)
+        await check_table(target, url, target=True)
         if not await is_empty(target):
-            raise LifecycleError(f"{url} is not empty: restore only writes into an empty store", Exit.REFUSED)
+            raise LifecycleError(f"{url} is not empty: restore only writes into an empty store (a new file or "
+                                 "table). If it holds only what an interrupted restore wrote, "
+                                 f"{EMPTY_TARGET} and run the command again", Exit.REFUSED)
         sizer = item_sizer(target)
         if sizer is not None:  # an item the target cannot hold: refused before anything is written
             for items in reader.chunks():
@@ -135,12 +147,13 @@ async def restore(
             await target.import_items(items)
             progress.advance(len(items))
         progress.finish()
-        verification = await compare(_archive_pages(reader), target.export_items())
+        verification = await compare(tracked(_archive_pages(reader), Progress("verify", trailer.items, stream=stream)),
+                                     target.export_items())
     except ArchiveError as exc:  # the file changed under us since it was verified
         raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
     except StorageError as exc:
         raise LifecycleError(f"restore into {url} failed: {exc}") from exc
     finally:
         await target.close()
-    return RestoreReport(trailer.items, verification, loop.time() - started)
+    return RestoreReport(trailer.items, verification, loop.time() - started, reader.header, trailer.quiesced)
 

@@ -34,15 +34,18 @@ from typing import TextIO
 
 from ..storage import EXPORT_PAGE, Item, Storage, StorageError, private
 from .fit import item_sizer, refuse_unfit
-from .progress import Progress
+from .progress import Progress, tracked
 from .stores import (
     Exit,
     LifecycleError,
     Source,
+    check_table,
     count_snapshot,
+    ensure_table,
     is_empty,
     open_existing,
     refuse_memory,
+    refuse_unusable_sqlite,
     remove_sqlite_files,
     source,
     sqlite_path,
@@ -68,7 +71,8 @@ class Checkpoint:
         try:
             raw = json.loads(path.read_text())
             if raw.get("source") != source_url or raw.get("target") != target_url:
-                raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}",
+                raise LifecycleError(f"{path} belongs to the migration {raw.get('source')} -> {raw.get('target')}: "
+                                     "pass another --work-dir (or none: the default is one per pair of URLs)",
                                      Exit.REFUSED)
             return cls(raw["source"], raw["target"], raw["phase"], raw.get("last_key"), int(raw["copied"]), path)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -93,7 +97,7 @@ class MigrationReport:
     verification: Comparison
     verify_seconds: float
     consistency: str
-    #: an earlier run had finished: this run only verified again
+    #: an earlier run had finished copying (verified or not): this run only verified again
     already_done: bool = False
 
     @property
@@ -169,25 +173,41 @@ async def migrate(
     source_file, target_file = sqlite_path(source_url), sqlite_path(target_url)
     if source_url == target_url or (source_file and target_file and source_file.resolve() == target_file.resolve()):
         raise LifecycleError("--from and --to name the same store", Exit.USAGE)
-    if source_file is not None and not source_file.exists():  # before the target or a checkpoint is made
-        raise LifecycleError(f"no SQLite file at {source_file}", Exit.USAGE)
+    refuse_unusable_sqlite(source_url)  # before the target or a checkpoint is made
+    refuse_unusable_sqlite(target_url, may_create=True)
     work = work_dir or work_dir_for(source_url, target_url)
+    fresh = not work.exists()
     try:
         private.make_dirs(work)  # its snapshot holds every stored item
     except OSError as exc:
         why = "it is a file, or under one" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
         raise LifecycleError(f"--work-dir {work}: cannot be the work directory ({why})", Exit.USAGE) from None
+    try:
+        return await _migrate(source_url, target_url, work, page, create_table, stream)
+    except BaseException:
+        if fresh:  # a run refused before its first checkpoint leaves no empty work directory behind
+            with contextlib.suppress(OSError):
+                work.rmdir()
+        raise
+
+
+async def _migrate(
+    source_url: str, target_url: str, work: Path, page: int, create_table: bool, stream: TextIO | None
+) -> MigrationReport:
     checkpoint_file = work / "checkpoint.json"
     checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
     loop = asyncio.get_running_loop()
     target = open_existing(target_url, may_create=True)
     try:
-        if create_table and hasattr(target, "create_table"):
-            await target.create_table()
+        if create_table:
+            await ensure_table(target, target_url)
+        await check_table(target, target_url, target=True)
         if checkpoint is None:
             if not await is_empty(target):
-                raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store "
-                                     "(or resumes its own interrupted run)", Exit.REFUSED)
+                raise LifecycleError(f"{target_url} is not empty: migrate only writes into an empty store, or "
+                                     "resumes its own interrupted run, whose checkpoint it looked for in "
+                                     f"{checkpoint_file} (none there: resume from the directory the first run "
+                                     "started in, or pass its --work-dir)", Exit.REFUSED)
             checkpoint = Checkpoint(source_url, target_url, path=checkpoint_file)
             checkpoint.save()
             reuse = False
@@ -203,14 +223,16 @@ async def migrate(
             # time, and a fresh snapshot would leave the target a mix of two
             reuse = checkpoint.copied > 0 or checkpoint.phase != "copy" or not await is_empty(target)
         resumed_after = checkpoint.copied
-        already_done = checkpoint.phase == "done"
+        already_done = checkpoint.phase != "copy"  # also after a failed verification: only verify again
         async with source(source_url, work / "source-snapshot.db", reuse=reuse, keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
                 await _copy_phase(src, target, checkpoint, page, stream, target_url)
             copy_seconds = loop.time() - started
             started = loop.time()
-            verification = await compare(src.live.export_items(None, page), target.export_items(None, page))
+            checking = Progress("verify", checkpoint.copied, stream=stream)
+            verification = await compare(tracked(src.live.export_items(None, page), checking),
+                                         target.export_items(None, page))
             verify_seconds = loop.time() - started
             if verification.same:
                 checkpoint.phase = "done"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, TextIO
 
 _BAR = 30
 
@@ -54,3 +55,11 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+async def tracked(pages: AsyncIterable[list[Any]], progress: Progress) -> AsyncIterator[list[Any]]:
+    """`pages`, advancing `progress` by each page's length; finished at the end."""
+    async for page in pages:
+        progress.advance(len(page))
+        yield page
+    progress.finish()

@@ -29,12 +29,18 @@ class Exit(enum.IntEnum):
     REFUSED = 3  # a non-empty target, a checkpoint of another migration
     CORRUPT = 4  # the archive fails its checksums or is incomplete
     DIFFERENT = 5  # the verification pass found differences
+    INTERRUPTED = 130  # Ctrl-C, as every fencepost command
 
 
 class LifecycleError(Exception):
     def __init__(self, message: str, code: Exit = Exit.FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+#: how to empty a restore target that an interrupted restore left partial
+EMPTY_TARGET = ("delete it (a SQLite file: with its -wal and -shm files; a DynamoDB table: delete it and create it "
+                "again, e.g. with --create-table)")
 
 
 def scheme_of(url: str) -> str:
@@ -68,18 +74,79 @@ def refuse_memory(*urls: str) -> None:
                                  "or dynamodb://)", Exit.USAGE)
 
 
-def open_existing(url: str, *, may_create: bool = False) -> Storage:
-    """The backend at `url`. Unless `may_create`, a SQLite file that does not
-    exist is refused (opening it would create an empty store and back *that* up)."""
+def refuse_unusable_sqlite(url: str, *, may_create: bool = False) -> None:
+    """USAGE for a sqlite:// URL naming a directory (the state root instead of
+    the file in it), or, unless `may_create`, no file at all (opening it
+    would create an empty store and back *that* up)."""
     path = sqlite_path(url)
-    if path is not None and not may_create and not path.exists():
-        raise LifecycleError(f"no SQLite file at {path}", Exit.USAGE)
+    if path is None:
+        return
+    if path.is_dir():
+        raise LifecycleError(f"{path} is a directory, not a SQLite file (a server's file is fencepost.db in its "
+                             f"--state-root: sqlite://{path / 'fencepost.db'})", Exit.USAGE)
+    if not may_create and not path.exists():
+        # sqlite://tmp/x.db names the relative path tmp/x.db: the usual slip for sqlite:///tmp/x.db
+        hint = "" if path.is_absolute() else (f" (a relative path, from {Path.cwd()}; an absolute path takes three "
+                                              f"slashes: sqlite:///{path})")
+        raise LifecycleError(f"no SQLite file at {path}{hint}", Exit.USAGE)
+
+
+def open_existing(url: str, *, may_create: bool = False) -> Storage:
+    """The backend at `url`; a SQLite URL is checked by `refuse_unusable_sqlite` first."""
+    refuse_unusable_sqlite(url, may_create=may_create)
     try:
         return open_backend(url)
     except ValueError as exc:
         raise LifecycleError(str(exc), Exit.USAGE) from exc
     except StorageError as exc:  # e.g. a path that is a directory, or not writable
         raise LifecycleError(f"cannot open {url}: {exc}") from exc
+
+
+def _missing_table(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    from ..storage.dynamodb.errors import error_code
+
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ClientError) and error_code(cause) == "ResourceNotFoundException":
+            return True
+        cause = cause.__cause__
+    return False
+
+
+async def check_table(storage: Storage, url: str, *, target: bool) -> None:
+    """Name a DynamoDB store whose table is missing or that does not answer
+    before anything is read or written, with the next step that helps: the
+    backend's own message suggests `serve --create-table`, and a migration's
+    failures suggest resuming, neither of which does."""
+    table = getattr(storage, "table", None)
+    if table is None:  # not DynamoDB
+        return
+    try:
+        await storage.ping()
+    except StorageError as exc:
+        if not _missing_table(exc):
+            raise LifecycleError(f"cannot reach {url}: {exc}") from exc
+        if target:
+            raise LifecycleError(f"{url}: the table {table} does not exist: create it (fencepost dynamodb "
+                                 f"create-table --table {table} ...) or pass --create-table") from exc
+        raise LifecycleError(f"{url}: the table {table} does not exist (check the table name, region and "
+                             "endpoint in the URL)") from exc
+
+
+async def ensure_table(storage: Storage, url: str) -> None:
+    """--create-table: create the DynamoDB table when missing (idempotent);
+    one clear line when that fails."""
+    create = getattr(storage, "create_table", None)
+    if create is None:
+        return
+    try:
+        await create()
+    except Exception as exc:  # endpoint, credentials, region, permissions: the environment's
+        from ..storage.dynamodb.errors import describe
+
+        raise LifecycleError(f"--create-table: cannot create the table of {url}: {describe(exc)}") from exc
 
 
 async def is_empty(storage: Storage) -> bool:
@@ -113,6 +180,7 @@ async def source(url: str, snapshot_file: Path, *, reuse: bool = False, keep: bo
     one (an existing snapshot file is reused with `reuse`, kept with `keep`)."""
     live = open_existing(url)
     try:
+        await check_table(live, url, target=False)
         take = getattr(live, "snapshot", None)
         if take is None:
             yield Source(live, live, "logical")

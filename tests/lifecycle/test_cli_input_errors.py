@@ -1,0 +1,86 @@
+"""Likely slips in the arguments of `fencepost backup | restore`: a URL with
+two slashes, the state directory for the file, a file that is no archive."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from pathlib import Path
+
+import pytest
+
+from fencepost_server.cli import main
+from fencepost_server.lifecycle import Exit
+from fencepost_server.storage import open_backend
+
+
+def _fill(url: str, n: int = 30) -> None:
+    async def fill() -> None:
+        storage = open_backend(url)
+        try:
+            for i in range(n):
+                await storage.put(f"t/kv/item-{i:03d}", b"v" * i)
+        finally:
+            await storage.close()
+
+    asyncio.run(fill())
+
+
+def test_a_sqlite_url_with_two_slashes_hints_at_three(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "a.db"
+    _fill(f"sqlite://{db}")
+    relative = str(db).lstrip("/")  # sqlite://tmp/... : the path is relative
+    code = main(["backup", "--backend", f"sqlite://{relative}", "--out", str(tmp_path / "x.arch")])
+    assert code == Exit.USAGE
+    assert f"sqlite:///{relative}" in capsys.readouterr().err
+
+
+def test_a_directory_as_the_sqlite_store_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The state root instead of the file in it: a likely slip."""
+    state = tmp_path / "state"
+    _fill(f"sqlite://{state / 'fencepost.db'}")
+    code = main(["backup", "--backend", f"sqlite://{state}", "--out", str(tmp_path / "x.arch")])
+    assert code == Exit.USAGE
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"hello\n", b"SQLite format 3\x00\xa0\xff"])
+def test_a_file_that_is_no_archive_is_named_as_such(
+    tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = tmp_path / "backup.arch"
+    archive.write_bytes(content)
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(archive)]) == Exit.CORRUPT
+    assert "not a fencepost archive" in capsys.readouterr().err
+
+
+def test_a_truncated_gzip_archive_says_truncated_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    _fill(source, 300)
+    archive = tmp_path / "backup.arch.gz"
+    assert main(["backup", "--backend", source, "--out", str(archive)]) == 0
+    data = archive.read_bytes()
+    cut = tmp_path / "cut.arch.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EOFError):
+        gzip.decompress(cut.read_bytes())
+    capsys.readouterr()
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(cut)]) == Exit.CORRUPT
+    err = capsys.readouterr().err
+    assert "truncated" in err and err.count(str(cut)) == 1
+
+
+def test_restore_says_what_archive_it_restored_and_warns_when_its_source_was_not_quiesced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencepost_server.lifecycle import ArchiveWriter, Header
+    from fencepost_server.storage import Item
+
+    archive = tmp_path / "logical.arch"
+    writer = ArchiveWriter(archive, Header("dynamodb", "logical", created="2026-01-02T03:04:05+00:00"))
+    writer.write([Item("t/kv/a", b"1", "v1"), Item("t/kv/b", b"2", "v2")])
+    writer.finish(quiesced=False)
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(archive)]) == 0
+    out, err = capsys.readouterr()
+    assert "dynamodb" in out and "2026-01-02T03:04:05+00:00" in out
+    assert "not quiesced" in err or "changed while" in err
