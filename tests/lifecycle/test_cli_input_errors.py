@@ -3,7 +3,6 @@ two slashes, the state directory for the file, a file that is no archive."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 from pathlib import Path
 
@@ -11,24 +10,12 @@ import pytest
 
 from fencepost_server.cli import main
 from fencepost_server.lifecycle import Exit
-from fencepost_server.storage import open_backend
-
-
-def _fill(url: str, n: int = 30) -> None:
-    async def fill() -> None:
-        storage = open_backend(url)
-        try:
-            for i in range(n):
-                await storage.put(f"t/kv/item-{i:03d}", b"v" * i)
-        finally:
-            await storage.close()
-
-    asyncio.run(fill())
+from tests.lifecycle.cli_support import fill
 
 
 def test_a_sqlite_url_with_two_slashes_hints_at_three(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "a.db"
-    _fill(f"sqlite://{db}")
+    fill(f"sqlite://{db}")
     relative = str(db).lstrip("/")  # sqlite://tmp/... : the path is relative
     code = main(["backup", "--backend", f"sqlite://{relative}", "--out", str(tmp_path / "x.arch")])
     assert code == Exit.USAGE
@@ -38,7 +25,7 @@ def test_a_sqlite_url_with_two_slashes_hints_at_three(tmp_path: Path, capsys: py
 def test_a_directory_as_the_sqlite_store_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The state root instead of the file in it: a likely slip."""
     state = tmp_path / "state"
-    _fill(f"sqlite://{state / 'fencepost.db'}")
+    fill(f"sqlite://{state / 'fencepost.db'}")
     code = main(["backup", "--backend", f"sqlite://{state}", "--out", str(tmp_path / "x.arch")])
     assert code == Exit.USAGE
     assert "is a directory" in capsys.readouterr().err
@@ -56,7 +43,7 @@ def test_a_file_that_is_no_archive_is_named_as_such(
 
 def test_a_truncated_gzip_archive_says_truncated_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source, 300)
+    fill(source, 300)
     archive = tmp_path / "backup.arch.gz"
     assert main(["backup", "--backend", source, "--out", str(archive)]) == 0
     data = archive.read_bytes()

@@ -4,29 +4,16 @@ store and the next step (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from fencepost_server.cli import main
 from fencepost_server.lifecycle import Exit
+from tests.lifecycle.cli_support import fill
 from fencepost_server.lifecycle.progress import Progress
-from fencepost_server.storage import open_backend
 
 INTERRUPTED = 130
-
-
-def _fill(url: str, n: int = 30) -> None:
-    async def fill() -> None:
-        storage = open_backend(url)
-        try:
-            for i in range(n):
-                await storage.put(f"t/kv/item-{i:03d}", b"v" * i)
-        finally:
-            await storage.close()
-
-    asyncio.run(fill())
 
 
 def _ctrl_c_after_first_page(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +27,7 @@ def test_an_interrupted_restore_says_the_target_is_partial_and_how_to_redo_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     archive = tmp_path / "backup.arch"
     assert main(["backup", "--backend", source, "--out", str(archive), "--page", "10"]) == 0
     target = f"sqlite://{tmp_path / 'b.db'}"
@@ -60,7 +47,7 @@ def test_an_interrupted_migration_says_to_run_it_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     target = f"sqlite://{tmp_path / 'b.db'}"
     work = tmp_path / "work"
     argv = ["migrate", "--from", source, "--to", target, "--work-dir", str(work), "--page", "10"]
@@ -76,7 +63,7 @@ def test_a_backup_interrupted_says_no_archive_was_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     out = tmp_path / "backup.arch"
     with monkeypatch.context() as patch:
         _ctrl_c_after_first_page(patch)
@@ -93,7 +80,7 @@ def test_a_restore_whose_target_changed_meanwhile_says_what_to_do(
     import sqlite3
 
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     archive = tmp_path / "backup.arch"
     assert main(["backup", "--backend", source, "--out", str(archive), "--page", "10"]) == 0
     target = tmp_path / "b.db"

@@ -3,38 +3,25 @@ differences: what happened, and the next step (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from fencepost_server.cli import main
 from fencepost_server.lifecycle import Exit
-from fencepost_server.storage import open_backend
-
-
-def _fill(url: str, n: int = 30) -> None:
-    async def fill() -> None:
-        storage = open_backend(url)
-        try:
-            for i in range(n):
-                await storage.put(f"t/kv/item-{i:03d}", b"v" * i)
-        finally:
-            await storage.close()
-
-    asyncio.run(fill())
+from tests.lifecycle.cli_support import fill
 
 
 def test_a_failed_verification_says_what_to_do_and_names_the_work_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     target = f"sqlite://{tmp_path / 'b.db'}"
     work = tmp_path / "work"
     argv = ["migrate", "--from", source, "--to", target, "--work-dir", str(work)]
     assert main(argv) == 0
-    _fill(source, 40)  # a server still writing to the source after the copy
+    fill(source, 40)  # a server still writing to the source after the copy
     capsys.readouterr()
     assert main(argv) == Exit.DIFFERENT
     err = capsys.readouterr().err
@@ -46,7 +33,7 @@ def test_a_checkpoint_of_another_migration_says_what_to_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     work = tmp_path / "work"
     assert main(["migrate", "--from", source, "--to", f"sqlite://{tmp_path / 'b.db'}", "--work-dir", str(work)]) == 0
     capsys.readouterr()
@@ -62,8 +49,8 @@ def test_a_non_empty_migration_target_mentions_where_a_checkpoint_is_looked_for(
     is not found, and the refusal is the operator's only clue."""
     source = f"sqlite://{tmp_path / 'a.db'}"
     target = f"sqlite://{tmp_path / 'b.db'}"
-    _fill(source)
-    _fill(target, 1)
+    fill(source)
+    fill(target, 1)
     monkeypatch.chdir(tmp_path)
     assert main(["migrate", "--from", source, "--to", target]) == Exit.REFUSED
     err = capsys.readouterr().err
@@ -75,8 +62,8 @@ def test_a_refused_run_leaves_no_empty_work_directory(tmp_path: Path, monkeypatc
     .fencepost-migrate/<hash> behind, beside the one that matters."""
     source = f"sqlite://{tmp_path / 'a.db'}"
     target = f"sqlite://{tmp_path / 'b.db'}"
-    _fill(source)
-    _fill(target, 1)
+    fill(source)
+    fill(target, 1)
     monkeypatch.chdir(tmp_path)
     assert main(["migrate", "--from", source, "--to", target]) == Exit.REFUSED
     assert not list((tmp_path / ".fencepost-migrate").iterdir())
@@ -86,7 +73,7 @@ def test_a_verified_migration_or_restore_names_the_next_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     target = f"sqlite://{tmp_path / 'b.db'}"
     assert main(["migrate", "--from", source, "--to", target, "--work-dir", str(tmp_path / "work")]) == 0
     assert f"fencepost serve --backend '{target}'" in capsys.readouterr().out
@@ -107,7 +94,7 @@ def test_a_rerun_after_a_failed_verification_says_the_copy_was_complete(
     from fencepost_server.lifecycle.progress import Progress
 
     source = f"sqlite://{tmp_path / 'a.db'}"
-    _fill(source)
+    fill(source)
     argv = ["migrate", "--from", source, "--to", f"sqlite://{tmp_path / 'b.db'}", "--work-dir", str(tmp_path / "w")]
     advance = Progress.advance
 
