@@ -52,10 +52,12 @@ _PR_SET_PDEATHSIG = 1
 #: configuration this machine cannot run, or a bug that one process would exit 1 on
 _ERROR, _USAGE, _START_FAILED = 1, 2, 3
 _CANNOT_START = (_ERROR, _USAGE, _START_FAILED)
+_INTERRUPTED = 130  # cli.Exit.INTERRUPTED: stopped before serving
 #: a worker's exit codes after a stop that went well: drained (cli.Exit.OK),
 #: stopped before it served (cli.Exit.INTERRUPTED), or killed by the SIGTERM
-#: the supervisor sent before its handler existed (still importing: nothing open)
-_STOPPED_CLEANLY = (0, 130, -signal.SIGTERM)
+#: the supervisor sent, or a terminal's Ctrl-C (SIGINT reaches the whole
+#: process group), before its handler existed (still importing: nothing open)
+_STOPPED_CLEANLY = (0, _INTERRUPTED, -signal.SIGTERM, -signal.SIGINT)
 READY_LINE = b"fencepost serving on"
 #: the most `--workers`: each is a whole server (its own process, event loop,
 #: backend connections and background loops). Past a core each they only
@@ -338,6 +340,8 @@ def _worker_main() -> int:
     try:
         tracing_line = tracing.configure_from_env()  # checked by the supervisor already
         return run_loop(serve_one(settings, create_table=create_table, tracing_line=tracing_line), settings.uvloop)
+    except KeyboardInterrupt:  # a Ctrl-C before the loop handles SIGINT: stopped before serving, as one process
+        return _INTERRUPTED
     except (ConfigError, StartFailure) as exc:  # logged; the supervisor stops (first start) or restarts it
         log.error("worker %s cannot start: %s", os.environ.get("FENCEPOST_WORKER", "?"), exc)
         return _USAGE if isinstance(exc, ConfigError) else _START_FAILED

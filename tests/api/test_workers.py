@@ -340,12 +340,14 @@ def test_workers_at_the_cap_pass_the_checks() -> None:
     assert "--workers" in (refusal(Settings(), MAX_WORKERS + 1) or "")
 
 
-@pytest.mark.parametrize(("code", "failed"), [(0, False), (130, False), (-signal.SIGTERM, False), (1, True),
-                                             (-signal.SIGKILL, True)])
+@pytest.mark.parametrize(("code", "failed"), [(0, False), (130, False), (-signal.SIGTERM, False),
+                                             (-signal.SIGINT, False), (1, True), (-signal.SIGKILL, True)])
 def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pytest.LogCaptureFixture) -> None:
     """After the stop, a worker's exit is clean when it drained (0), stopped
     before serving (130), or got the SIGTERM before it could handle one (still
-    importing: nothing opened yet); any other exit fails the stop."""
+    importing: nothing opened yet); so is a SIGINT it could not handle yet: a
+    terminal's Ctrl-C reaches every worker of the process group along with the
+    supervisor. Any other exit fails the stop."""
     from fencepost_server import workers
     from fencepost_server.config import Settings
 
@@ -362,3 +364,35 @@ def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pyt
     assert sup.workers == {}
     assert sup.exit_code == (1 if failed else 0)
     assert bool(caplog.records) is failed
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_a_stop_before_serving(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C sends SIGINT to the supervisor and to every worker.
+    One that lands while a worker is still setting up (before its event loop
+    handles it) is a stop before serving, exit 130 as `fencepost serve`
+    answers it, not a KeyboardInterrupt traceback and a killed worker that
+    the supervisor reports as failed."""
+    import pickle
+
+    from fencepost_server.config import Settings
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('FENCEPOST_WORKER'):\n"
+        "    from fencepost_server import tracing\n"
+        "    real = tracing.configure_from_env\n"
+        "    def interrupted(*args, **kwargs):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the worker starts\n"
+        "        return real(*args, **kwargs)\n"
+        "    tracing.configure_from_env = interrupted\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+           "FENCEPOST_WORKER": "0", "FENCEPOST_SUPERVISOR_PID": str(os.getpid())}
+    config = (Settings(listen="127.0.0.1:0", backend="memory://"), False, 30, False)
+    res = subprocess.run([sys.executable, "-m", "fencepost_server.workers"], input=pickle.dumps(config),
+                         capture_output=True, env=env, timeout=60)
+    stderr = res.stderr.decode()
+    assert res.returncode == 130, (res.returncode, stderr)
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert b"fencepost serving on" not in res.stdout
