@@ -2,6 +2,9 @@
 what "\\udc80" or bytes decoded with "surrogateescape" give) has no UTF-8 form,
 and protobuf raises a bare UnicodeEncodeError while the request is built.
 
+(protobuf's pure-Python implementation, PyPy's, raises a ValueError while
+handling that UnicodeEncodeError instead: the same failure.)
+
 Every client method is wrapped once (client.py) so that this becomes the typed
 error the server gives text that is not UTF-8: KeyInvalid for a KV key or
 prefix, FieldInvalid for any other argument, naming the argument (as the
@@ -88,8 +91,8 @@ def refuse_unencodable(fn: F, keys: frozenset[str] = frozenset()) -> F:
             try:
                 async for item in inner:
                     yield item
-            except UnicodeEncodeError as exc:
-                err = typed(args, kwargs)
+            except ValueError as exc:
+                err = typed(args, kwargs) if _unencodable(exc) else None
                 if err is None:
                     raise
                 raise err from exc
@@ -102,10 +105,16 @@ def refuse_unencodable(fn: F, keys: frozenset[str] = frozenset()) -> F:
     async def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
-        except UnicodeEncodeError as exc:
-            err = typed(args, kwargs)
+        except ValueError as exc:
+            err = typed(args, kwargs) if _unencodable(exc) else None
             if err is None:
                 raise
             raise err from exc
 
     return call  # type: ignore[return-value]
+
+
+def _unencodable(exc: ValueError) -> bool:
+    """protobuf could not encode text: its UnicodeEncodeError (upb), or the
+    ValueError the pure-Python implementation raises while handling one."""
+    return isinstance(exc, UnicodeEncodeError) or isinstance(exc.__context__, UnicodeEncodeError)

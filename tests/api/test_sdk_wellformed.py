@@ -167,3 +167,57 @@ def test_the_blocking_client_raises_the_same() -> None:
         with pytest.raises(errors.KeyInvalid) as caught:
             fp.put(BAD, b"v")
     assert caught.value.field_violations == {"key": "key is not valid UTF-8 (it holds a lone surrogate)"}
+
+
+#: run with protobuf's pure-Python implementation (PyPy's, or
+#: PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python): it refuses a surrogate with
+#: a ValueError raised while handling the UnicodeEncodeError, not with the latter
+_PURE_PYTHON_PROTOBUF = """
+import asyncio
+from google.protobuf.internal import api_implementation
+import fencepost
+from fencepost import errors
+
+assert api_implementation.Type() == "python", api_implementation.Type()
+BAD = "a\\udc80"
+
+async def main():
+    fp = fencepost.AsyncClient("127.0.0.1:1", token="", timeout=0.5, retry=fencepost.NO_RETRY)
+    async def listing():
+        async for _ in fp.list(BAD):
+            pass
+    calls = {
+        "put": lambda: fp.put(BAD, b"v"),
+        "open_session": lambda: fp.open_session("agent", "s", metadata={"m": BAD}),
+        "put_eval_run": lambda: fp.put_eval_run("agent", "run", {"score": BAD}),
+        "list": listing,
+    }
+    try:
+        for name, call in calls.items():
+            try:
+                await call()
+            except errors.FencepostError as err:
+                print(name, type(err).__name__, sorted(err.field_violations))
+            except Exception as exc:
+                print(name, "untyped", type(exc).__name__)
+    finally:
+        await fp.close()
+
+asyncio.run(main())
+"""
+
+
+def test_the_typed_error_does_not_depend_on_protobuf_s_implementation() -> None:
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _PURE_PYTHON_PROTOBUF], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "put KeyInvalid ['key']",
+        "open_session FieldInvalid ['metadata.m']",
+        "put_eval_run FieldInvalid ['snapshot.score']",
+        "list KeyInvalid ['prefix']",
+    ], res.stdout
