@@ -357,11 +357,14 @@ _CHATTY_LIBRARIES = ("botocore", "aiobotocore", "boto3", "aioboto3")
 
 
 def quiet_libraries() -> None:
-    """Keep the chatty libraries at WARNING unless the operator's log level
-    (the root logger's, set just before) is DEBUG."""
-    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    """Keep the chatty libraries at WARNING while the operator's log level
+    (the root logger's, set just before) lets INFO through; at DEBUG, or at
+    ERROR and above, they follow it. (A level set on their logger decides
+    alone: WARNING there would show their warnings under --log-level ERROR.)"""
+    root = logging.getLogger().getEffectiveLevel()
+    level = logging.WARNING if logging.DEBUG < root < logging.WARNING else logging.NOTSET
     for name in _CHATTY_LIBRARIES:
-        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
+        logging.getLogger(name).setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -411,3 +411,32 @@ def test_private_secret_files_are_not_warned_about(tmp_path: Path, mode: int,
     with caplog.at_level("WARNING", logger="fencepost"):
         _preflight(build_parser().parse_args(argv))
     assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+
+
+#: configures logging as `fencepost serve --log-level LEVEL` does (argv[1]),
+#: then logs one warning from botocore and one from fencepost
+_LOG_AT_LEVEL = """
+import logging, sys
+from fencepost_server import cli
+cli._configure_logging(cli.build_parser().parse_args(["serve", "--log-level", sys.argv[1]]))
+logging.getLogger("botocore.credentials").warning("botocore says so")
+logging.getLogger("fencepost").warning("fencepost says so")
+logging.getLogger("botocore.credentials").info("Found credentials in environment variables.")
+"""
+
+
+@pytest.mark.parametrize(("level", "shown"), [
+    ("DEBUG", ["botocore says so", "fencepost says so", "Found credentials"]),
+    ("INFO", ["botocore says so", "fencepost says so"]),
+    ("WARNING", ["botocore says so", "fencepost says so"]),
+    ("ERROR", []),
+    ("CRITICAL", []),
+])
+def test_the_aws_libraries_never_log_past_the_operator_s_level(level: str, shown: list[str]) -> None:
+    """The AWS libraries are kept at WARNING to hide their routine INFO lines,
+    never made louder than --log-level: at ERROR their warnings stay out
+    too, as fencepost's own do."""
+    res = subprocess.run([sys.executable, "-c", _LOG_AT_LEVEL, level], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    said = [text for text in ("botocore says so", "fencepost says so", "Found credentials") if text in res.stderr]
+    assert said == shown, res.stderr
