@@ -37,8 +37,9 @@ def invalid_text(field: str, *, key: bool = False) -> InvalidArgument:
 
 
 def check_text(field: str, value: str, *, key: bool = False) -> None:
-    """Raise the typed error when `value` holds a surrogate (for messages built outside a client method)."""
-    if _SURROGATE.search(value):
+    """Raise the typed error when `value` holds a surrogate (for messages built outside a client method).
+    Anything but a str is left to protobuf, as before the check (it takes UTF-8 bytes for text)."""
+    if isinstance(value, str) and _SURROGATE.search(value):
         raise invalid_text(field, key=key)
 
 

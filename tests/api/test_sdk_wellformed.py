@@ -221,3 +221,13 @@ def test_the_typed_error_does_not_depend_on_protobuf_s_implementation() -> None:
         "put_eval_run FieldInvalid ['snapshot.score']",
         "list KeyInvalid ['prefix']",
     ], res.stdout
+
+
+def test_txn_helpers_still_take_what_protobuf_takes() -> None:
+    """The surrogate check looks at str only: a UTF-8 bytes key, which
+    protobuf takes for a string field, builds the same op as before the
+    check (not a TypeError from the check's pattern)."""
+    assert fencepost.compare(b"k", exists=True) == kv_pb2.Compare(key="k", exists=True)
+    assert fencepost.compare("k", version=b"v1") == kv_pb2.Compare(key="k", version="v1")
+    assert fencepost.put_op(b"k", b"v") == kv_pb2.TxnOp(put=kv_pb2.KeyValuePut(key="k", value=b"v"))
+    assert fencepost.delete_op(b"k") == kv_pb2.TxnOp(delete_key="k")
