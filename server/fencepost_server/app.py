@@ -87,6 +87,8 @@ class AppContext:
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: called when shutdown begins, before in-flight RPCs are drained (end long-polls)
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: called after the identity files were reloaded (long-polls re-check their caller)
+    on_identities_reloaded: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: domain objects that more than one servicer serves (e.g. the journal's two lanes)
     shared: dict[str, Any] = field(default_factory=dict)
     #: the tenant names this server serves (retention names hashed tenant segments with them)
@@ -174,6 +176,7 @@ def _ledger_of(ctx: AppContext) -> Ledger:
         )
         ctx.shared["ledger"] = ledger
         ctx.on_drain.append(ledger.janitor.drain)
+        ctx.on_identities_reloaded.append(ledger.janitor.wake_claims)
         if ctx.settings.ledger_janitor:
             ctx.background.append(ledger.janitor.run)
     return ledger
@@ -285,6 +288,8 @@ class App:
         self.service_names: list[str] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._on_drain: list[Callable[[], Awaitable[None]]] = []
+        self._on_reload: list[Callable[[], Awaitable[None]]] = []
+        self._reload_tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         #: why the backend did not answer the last probe (None: it did)
         self.backend_problem: str | None = None
@@ -306,6 +311,7 @@ class App:
         )
         self.service_names = [build(ctx, registry) for build in _SERVICES]
         self._on_drain = ctx.on_drain
+        self._on_reload = ctx.on_identities_reloaded
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registry)
         enable_reflection([*self.service_names, health.SERVICE_NAME], server)
         try:
@@ -357,6 +363,10 @@ class App:
         """SIGHUP: re-read the tokens file and SPIFFE map."""
         if self.identities is not None:
             self.identities.reload()
+            for hook in self._on_reload:
+                task = asyncio.get_running_loop().create_task(hook())
+                self._reload_tasks.add(task)  # kept referenced until it ran
+                task.add_done_callback(self._reload_tasks.discard)
 
     async def _set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

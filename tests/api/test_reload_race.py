@@ -215,3 +215,34 @@ async def test_a_waiting_claim_grants_nothing_once_its_token_is_revoked(tmp_path
             assert rescued.lease.holder_id == "rescuer" and rescued.lease.generation == dead.generation + 1
     finally:
         await app.stop(grace=0.2)
+
+
+async def test_a_waiting_claim_ends_when_its_token_is_revoked(tmp_path: Path) -> None:
+    """A reload wakes waiting ClaimOrphan calls: a revoked caller's claim
+    ends with UNAUTHENTICATED at once instead of holding its call open for
+    the rest of its wait (up to 60 s) until an orphan or the end of it."""
+    import asyncio
+
+    from fencepost import errors
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"claimer": ("a", "service"), "kept": ("a", "service")})
+    app = App(Settings(listen="127.0.0.1:0", tokens_file=tokens), storage=MemoryStorage())
+    await app.start()
+    try:
+        target = f"127.0.0.1:{app.port}"
+        async with fencepost.AsyncClient(target, token="claimer", retry=fencepost.NO_RETRY, timeout=60) as claimer, \
+                fencepost.AsyncClient(target, token="kept", retry=fencepost.NO_RETRY, timeout=60) as kept:
+            revoked = asyncio.create_task(claimer.claim_orphan("revoked-worker", ttl=60, wait=50))
+            waiting = asyncio.create_task(kept.claim_orphan("live-worker", ttl=60, wait=1.5))
+            await asyncio.sleep(0.3)  # both claims are waiting
+            assert not revoked.done() and not waiting.done()
+            write_tokens(tokens, {"kept": ("a", "service")})  # "claimer" revoked
+            app.reload_identities()
+            with pytest.raises(errors.Unauthenticated):
+                await asyncio.wait_for(revoked, 10)
+            assert await waiting is None  # a caller still allowed waits on, undisturbed
+    finally:
+        await app.stop(grace=0.2)

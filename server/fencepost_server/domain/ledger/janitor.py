@@ -88,6 +88,12 @@ class Janitor:
         async with self._changed:
             self._changed.notify_all()
 
+    async def wake_claims(self) -> None:
+        """After the identity files were reloaded: waiting claims check their
+        caller again now (a revoked one ends) rather than at the next orphan."""
+        async with self._changed:
+            self._changed.notify_all()
+
     async def run(self) -> None:
         """The background loop (registered in AppContext.background)."""
         warning = ThrottledWarning(log, "janitor pass")
@@ -200,14 +206,16 @@ class Janitor:
         if anything touched the lease since (a renew, another claim, an
         acquire), it fails and the orphan is dropped, so one orphan is never
         granted twice, across any number of replicas. `still_allowed` raises
-        when the caller lost its right to claim while waiting (checked before
-        each grant, so nothing is granted to it and the orphan stays)."""
+        when the caller lost its right to claim while waiting (checked on
+        every wake-up and before each grant, so nothing is granted to it and
+        the orphan stays)."""
         require_holder(holder)
         ttl = self.ledger.ttl(ttl)
         if wait < 0:
             raise bad("wait", f"wait must not be negative (got {wait}s); 0 returns at once")
         deadline = time.monotonic() + wait
         while True:
+            still_allowed()
             for orphan in list(self._orphans.get(tenant, {}).values()):
                 if agent and orphan.agent != agent:
                     continue
