@@ -18,7 +18,8 @@ SIGHUP (token reload in every worker), restarts a worker that dies (logged),
 and relays the workers' output. A worker whose first start fails with exit 1,
 2 or 3 (a bug, or a configuration this machine cannot run) stops the server
 with that code, as one process would exit; one that exits non-zero after the
-stop (its drain failed) makes the supervisor exit 1. Workers die with the supervisor (a kill -9 of
+stop (its drain failed) makes the supervisor exit 1, and a stop before any
+worker served exits 130. Workers die with the supervisor (a kill -9 of
 the supervisor takes the whole server down, as for one process). Each worker
 serves its own health and, with `--metrics-listen host:port`, its own
 `/metrics` on port + worker index.
@@ -121,6 +122,8 @@ class Supervisor:
         self._reserved: socket.socket | None = None
         #: the supervisor's exit code: a worker's when its first start failed
         self.exit_code = 0
+        #: a worker said it serves (a stop before that exits 130, as one process)
+        self.served = False
 
     def run(self) -> int:
         self.settings = replace(self.settings, listen=self._fixed_listen(), reuse_port=True)
@@ -139,6 +142,8 @@ class Supervisor:
             while self.workers:
                 self._pump(0.2)
                 self._reap()
+            if self.stopping and not self.served and self.exit_code == 0:
+                return _INTERRUPTED  # stopped before serving, as one process exits
         finally:
             for w in self.workers.values():
                 with contextlib.suppress(ProcessLookupError):
@@ -196,7 +201,7 @@ class Supervisor:
             out = []
             for line in lines:
                 if not worker.ready and line.startswith(READY_LINE):
-                    worker.ready = True
+                    worker.ready = self.served = True
                     if worker.reload_owed:
                         worker.reload_owed = False
                         with contextlib.suppress(ProcessLookupError):
@@ -242,7 +247,8 @@ class Supervisor:
         what = "failed while stopping" if worker.ready else "could not start"
         log.error("worker %d (pid %d) %s (exit %d)", worker.index, worker.proc.pid, what, code)
         if self.exit_code == 0:
-            self.exit_code = _ERROR
+            first_start = not worker.ready and not worker.restart and code in _CANNOT_START
+            self.exit_code = code if first_start else _ERROR
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers.values():

@@ -340,14 +340,16 @@ def test_workers_at_the_cap_pass_the_checks() -> None:
     assert "--workers" in (refusal(Settings(), MAX_WORKERS + 1) or "")
 
 
-@pytest.mark.parametrize(("code", "failed"), [(0, False), (130, False), (-signal.SIGTERM, False),
-                                             (-signal.SIGINT, False), (1, True), (-signal.SIGKILL, True)])
-def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("code", "exit_code"), [(0, 0), (130, 0), (-signal.SIGTERM, 0), (-signal.SIGINT, 0),
+                                                (1, 1), (2, 2), (3, 3), (-signal.SIGKILL, 1)])
+def test_which_exits_after_the_stop_fail_it(code: int, exit_code: int, caplog: pytest.LogCaptureFixture) -> None:
     """After the stop, a worker's exit is clean when it drained (0), stopped
     before serving (130), or got the SIGTERM before it could handle one (still
     importing: nothing opened yet); so is a SIGINT it could not handle yet: a
     terminal's Ctrl-C reaches every worker of the process group along with the
-    supervisor. Any other exit fails the stop."""
+    supervisor. Any other exit fails the stop: a first start's failure (1, 2,
+    3) with its own code, as one process would exit, anything else with 1."""
+    failed = exit_code != 0
     from fencepost_server import workers
     from fencepost_server.config import Settings
 
@@ -362,8 +364,27 @@ def test_which_exits_after_the_stop_fail_it(code: int, failed: bool, caplog: pyt
     with caplog.at_level("ERROR", logger="fencepost.workers"):
         sup._reap()
     assert sup.workers == {}
-    assert sup.exit_code == (1 if failed else 0)
+    assert sup.exit_code == exit_code
     assert bool(caplog.records) is failed
+
+
+def test_a_stop_before_any_worker_served_exits_130(tmp_path: Path) -> None:
+    """`fencepost serve` stopped before it served exits 130; with --workers the
+    supervisor answered the same stop with 0, as if the server had served
+    and drained."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost_server", "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--backend", f"sqlite://{tmp_path}/w.db", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]  # both workers started, still importing
+    assert [b"worker 1 started" in line for line in lines] == [False, True], lines
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert b"serving on" not in out, out  # (a worker that served first would make this a drain)
+    assert proc.returncode == 130, (proc.returncode, err.decode())
+    assert b"Traceback" not in err
 
 
 def test_a_ctrl_c_while_a_worker_starts_is_a_stop_before_serving(tmp_path: Path) -> None:
