@@ -404,3 +404,20 @@ async def test_a_read_that_folded_the_tail_leaves_the_background_flusher_nothing
     j.flush = flush  # type: ignore[method-assign]
     await j.read(TENANT, "read")
     assert (TENANT, "read") in j.dirty
+
+
+async def test_a_read_that_finds_the_tail_folded_leaves_the_background_flusher_nothing(storage: Storage) -> None:
+    """Another replica (or an earlier read) folded the agent's tail: a read
+    that finds it empty clears the agent from this replica's due list too."""
+    from fencepost_server.storage.counting import CountingStorage
+
+    counting = CountingStorage(storage)
+    j = Journal(counting, Limits(), JournalConfig(flush_seconds=0.0))
+    other = Journal(storage, Limits(), JournalConfig(flush_seconds=0.0))
+    await j.append(TENANT, "elsewhere", fields(0), extra("t0"))
+    assert (await other.flush(TENANT, "elsewhere")).flushed == 1
+    view = await j.read(TENANT, "elsewhere")
+    assert view is not None and (TENANT, "elsewhere") not in j.dirty
+    counting.reset()
+    await j.flush_due()
+    assert sum(counting.calls.values()) == 0

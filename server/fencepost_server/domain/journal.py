@@ -368,13 +368,12 @@ class Journal:
         are de-duplicated by id and by request id and returned in id order."""
         check_agent(agent, field)
         keys = _keys(tenant, agent)
-        folded = None
+        # what the background flusher has due for this agent, as it was before the read
+        due = self.dirty.get((tenant, agent))
+        due_size = due[1] if due is not None else 0.0
         if flush:
             with contextlib.suppress(Exception):  # a failed flush never fails the read
-                if (await self.flush(tenant, agent, max_steps=READ_FLUSH_STEPS)).flushed:
-                    # what the background flusher would find due, as it was after this flush
-                    slot = self.dirty.get((tenant, agent))
-                    folded = (slot, slot[1]) if slot is not None else None
+                await self.flush(tenant, agent, max_steps=READ_FLUSH_STEPS)
         for _ in range(_READ_ATTEMPTS):
             head = await self.storage.get(keys.head)
             gen = _head_state(head)["gen"]
@@ -385,9 +384,10 @@ class Journal:
                 break
         else:  # pragma: no cover - needs a rotation during each of 8 attempts
             raise backend_unavailable("the journal kept rotating during the read; retry")
-        if folded is not None and not tail and self.dirty.get((tenant, agent)) is folded[0] \
-                and folded[0][1] == folded[1]:
-            # folded and no append noted since: nothing left for the background flusher
+        if due is not None and not tail and self.dirty.get((tenant, agent)) is due and due[1] == due_size:
+            # every append noted before the read was written before it listed
+            # the tail, which it found empty (folded, by this read's flush or
+            # another's), and none was noted since: nothing left to flush
             del self.dirty[(tenant, agent)]
         if again is None and not tail:
             return None
