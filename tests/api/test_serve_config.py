@@ -5,6 +5,7 @@ configuration (port taken, state root unusable), never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -333,15 +334,35 @@ def test_metrics_on_the_grpc_port(tmp_path: Path, listen: str, metrics: str, wor
                          "--workers", workers, cwd=tmp_path), USAGE, "--listen", "--metrics-listen")
 
 
-def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path, busy_port: int) -> None:
+@contextlib.contextmanager
+def _busy_after_a_free_one() -> Iterator[int]:
+    """A port held busy whose predecessor was free when picked (the suite's
+    other servers take ports of their own meanwhile: any busy_port - 1 may be one)."""
+    for _ in range(100):
+        with socket.socket() as free, socket.socket() as busy:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+            try:
+                busy.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            busy.listen()
+            free.close()
+            yield port + 1
+            return
+    raise AssertionError("no free port followed by a free one")
+
+
+def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path) -> None:
     """Worker i serves /metrics on port + i: a port past 65535 (a traceback in
     the worker, restarted forever) or a taken one is refused before any worker
     starts, as the first worker's port is."""
     res = serve("--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:65535", "--workers", "2", cwd=tmp_path)
     assert_refused(res, USAGE, "--metrics-listen", "--workers", "65536")
-    res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port - 1}", "--workers", "2",
-                cwd=tmp_path)
-    assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
+    with _busy_after_a_free_one() as busy_port:
+        res = serve("--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port - 1}", "--workers", "2",
+                    cwd=tmp_path)
+        assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
 
 
 def _ipv6_loopback() -> bool:
