@@ -1,0 +1,175 @@
+"""No session is ever half erased: while an agent or tenant erasure runs, a
+session of its scope cannot be created (OpenSession, Deliver by key, Fork);
+one created before the operation began is fenced whole (docs/lifecycle.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fencepost import reasons
+from fencepost_server.domain.erasure import OPS_PREFIX, Eraser, OperationView
+from fencepost_server.domain.errors import DomainError, FailedPrecondition, NotFound
+from fencepost_server.domain.ledger import Ledger
+from fencepost_server.storage import Storage
+from tests.raw_store import raw_keys_naming
+
+T = "tenant"
+
+
+class Pause(Exception):
+    pass
+
+
+async def run_steps(eraser: Eraser, n: int) -> None:
+    """Run `n` steps of the pending operations, then stop as a replica would
+    between two steps (the claim stays this replica's: the next call goes on)."""
+    real, taken = Eraser._step, 0
+
+    async def step(state):  # type: ignore[no-untyped-def]
+        nonlocal taken
+        if taken == n:
+            raise Pause
+        taken += 1
+        await real(eraser, state)
+
+    eraser._step = step  # type: ignore[method-assign]
+    try:
+        await eraser.run_pending()
+    except Pause:
+        pass
+    finally:
+        del eraser._step
+
+
+async def refused(call: object, op: OperationView) -> None:
+    with pytest.raises(FailedPrecondition) as info:
+        await call  # type: ignore[misc]
+    assert info.value.reason == reasons.ERASURE_IN_PROGRESS
+    assert info.value.metadata["operation"] == op.name
+
+
+async def whole_session(ledger: Ledger, agent: str, key: str) -> str:
+    """Open a session, commit to it and read it all back."""
+    view, created = await ledger.open(T, agent, key)
+    assert created
+    lease = await ledger.acquire(T, view.session_id, "h", ttl=30)
+    await ledger.commit(T, view.session_id, lease.generation, 0, [b"a", b"b"])
+    pages = [p async for p in ledger.read_log(T, view.session_id)]
+    assert [data for page in pages for _, data in page] == [b"a", b"b"]
+    return view.session_id
+
+
+async def test_agent_erasure_refuses_new_sessions_of_the_agent_until_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    old = [(await ledger.open(T, "doomed", f"k{i}"))[0].session_id for i in range(3)]
+    other = (await ledger.open(T, "other", "k"))[0].session_id
+    op = await eraser.start(T, "doomed", "rid")
+    phases = []
+    while not (await eraser.get(T, op.name)).done:
+        phases.append((await eraser.get(T, op.name)).phase)
+        await refused(ledger.open(T, "doomed", "new"), op)
+        await refused(ledger.deliver(T, agent="doomed", session_key="by-deliver", payload=b"e"), op)
+        try:
+            await refused(ledger.fork(T, old[2], 0, "child"), op)
+        except NotFound:
+            pass  # the parent was fenced already
+        await ledger.open(T, "other", f"during-{len(phases)}")  # another agent is not in scope
+        await run_steps(eraser, 1)
+    assert {"fence", "sweep", "directory"} <= set(phases)
+    assert (await eraser.get(T, op.name)).sessions_fenced == 3
+    assert raw_keys_naming(storage, "/agentkit/v1/doomed/", *old) == []
+    assert (await ledger.get(T, other)).session_id == other
+
+    sid = await whole_session(ledger, "doomed", "new")
+    assert sid not in old
+    assert await eraser.run_pending() == 0
+    assert (await ledger.get(T, sid)).seq == 2
+    await ledger.deliver(T, agent="doomed", session_key="by-deliver", payload=b"e")
+    assert (await ledger.fork(T, sid, 1, "child")).seed_length == 1
+
+
+async def test_tenant_erasure_refuses_new_sessions_of_every_agent_until_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    old = (await ledger.open(T, "a1", "k"))[0].session_id
+    elsewhere = (await ledger.open("other-tenant", "a1", "k"))[0].session_id
+    op = await eraser.start(T, None, "")
+    steps = 0
+    while not (await eraser.get(T, op.name)).done:
+        for agent in ("a1", "a2"):
+            await refused(ledger.open(T, agent, "new"), op)
+        await ledger.open("other-tenant", "a1", f"during-{steps}")
+        await run_steps(eraser, 1)
+        steps += 1
+    assert steps > 3
+    assert raw_keys_naming(storage, old) == []
+    assert [k for k in raw_keys_naming(storage, T + "/") if k.startswith(T + "/")] == []
+    assert (await ledger.get("other-tenant", elsewhere)).session_id == elsewhere
+    await whole_session(ledger, "a1", "new")
+    await whole_session(ledger, "a2", "new")
+
+
+async def test_an_agent_erasure_within_a_tenant_erasure_keeps_the_tenant_refused(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    tenant_op = await eraser.start(T, None, "t")
+    agent_op = await eraser.start(T, "a1", "a")
+    await eraser._run(await storage.get(OPS_PREFIX + agent_op.name.rsplit("-", 1)[1]))  # type: ignore[arg-type]
+    assert (await eraser.get(T, agent_op.name)).done
+    await refused(ledger.open(T, "a1", "new"), tenant_op)
+    await eraser.run_pending()
+    await whole_session(ledger, "a1", "new")
+
+
+async def test_two_erasures_of_one_scope_refuse_until_both_are_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    first = await eraser.start(T, "doomed", "one")
+    second = await eraser.start(T, "doomed", "two")
+    assert first.name != second.name
+    await eraser._run(await storage.get(OPS_PREFIX + first.name.rsplit("-", 1)[1]))  # type: ignore[arg-type]
+    assert (await eraser.get(T, first.name)).done and not (await eraser.get(T, second.name)).done
+    await refused(ledger.open(T, "doomed", "new"), second)
+    # a retried start of the finished one returns it and blocks nothing more
+    assert (await eraser.start(T, "doomed", "one")).done
+    await eraser.run_pending()
+    await whole_session(ledger, "doomed", "new")
+
+
+async def test_a_session_created_before_the_operation_began_is_fenced_whole(storage: Storage) -> None:
+    """The creation commits before the marker: every list the fence makes
+    afterwards sees it, so it is tombstoned (SESSION_NOT_FOUND) and swept,
+    never left with some of its keys."""
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    real_start = storage.transact
+    sid = ""
+
+    async def open_just_before(checks, writes, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal sid
+        if not sid and any(w.key.startswith("#/ops/erase/") for w in writes):
+            sid = await whole_session(ledger, "doomed", "racer")
+        return await real_start(checks, writes, *args, **kwargs)
+
+    storage.transact = open_just_before  # type: ignore[method-assign]
+    try:
+        op = await eraser.start(T, "doomed", "")
+    finally:
+        del storage.transact
+    assert sid
+    await eraser.run_pending()
+    assert (await eraser.get(T, op.name)).sessions_fenced == 1
+    with pytest.raises(NotFound):
+        await ledger.get(T, sid)
+    assert raw_keys_naming(storage, sid) == []
+
+
+async def test_refusal_writes_nothing(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    op = await eraser.start(T, "doomed", "")
+    await refused(ledger.open(T, "doomed", "new"), op)
+    assert [k for k in raw_keys_naming(storage, "/agentkit/v1/doomed/") if k.startswith(T + "/")] == []
+    with pytest.raises(DomainError):
+        await ledger.resolve(T, "doomed", "new")
