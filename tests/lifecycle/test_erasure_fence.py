@@ -4,13 +4,18 @@ one created before the operation began is fenced whole (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from fencepost import reasons
 from fencepost_server.domain.erasure import OPS_PREFIX, Eraser, OperationView
 from fencepost_server.domain.errors import DomainError, FailedPrecondition, NotFound
 from fencepost_server.domain.ledger import Ledger
+from fencepost_server.domain.ledger.erasing import marker_key, marker_ops
 from fencepost_server.storage import Storage
+from tests.domain.test_ledger import FakeClock
 from tests.raw_store import raw_keys_naming
 
 T = "tenant"
@@ -173,3 +178,46 @@ async def test_refusal_writes_nothing(storage: Storage) -> None:
     assert [k for k in raw_keys_naming(storage, "/agentkit/v1/doomed/") if k.startswith(T + "/")] == []
     with pytest.raises(DomainError):
         await ledger.resolve(T, "doomed", "new")
+
+
+async def test_erasures_of_one_scope_started_at_once_are_all_in_its_marker(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    ops = await asyncio.gather(*(eraser.start(T, "doomed", f"r{i}") for i in range(3)))
+    marker = await storage.get(marker_key(T, "doomed"))
+    assert sorted(marker_ops(marker)) == sorted(op.name.rsplit("-", 1)[1] for op in ops)
+    await eraser.run_pending()
+    assert await storage.get(marker_key(T, "doomed")) is None
+    await whole_session(ledger, "doomed", "new")
+
+
+async def test_a_replica_taken_over_before_done_leaves_the_marker_to_the_new_claimer(storage: Storage) -> None:
+    """A replica whose claim expired may finish its last step while the new
+    claimer is still sweeping: taking the marker out then would let a session
+    be created under that sweep. Only the replica whose saved version is
+    still current takes it out."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    slow = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    op = await slow.start(T, "doomed", "")
+    await ledger.open(T, "kept", "k")
+    real_step = Eraser._step
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+
+    async def taken_over_at_the_end(state):  # type: ignore[no-untyped-def]
+        await real_step(slow, state)
+        if state["phase"] == "done":  # the other replica claims meanwhile
+            clock.now += 31
+            item = await storage.get(OPS_PREFIX + op.name.rsplit("-", 1)[1])
+            assert item is not None
+            assert await taker._save(item.key, item.version, json.loads(item.value), claimed=True)
+
+    slow._step = taken_over_at_the_end  # type: ignore[method-assign]
+    assert await slow.run_pending() == 0
+    assert not (await slow.get(T, op.name)).done
+    await refused(ledger.open(T, "doomed", "new"), op)
+    del slow._step
+    assert await slow.run_pending() == 0  # the other replica's claim is live
+    assert await taker.run_pending() == 1
+    assert (await taker.get(T, op.name)).done
+    await whole_session(ledger, "doomed", "new")
