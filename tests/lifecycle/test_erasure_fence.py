@@ -15,6 +15,7 @@ from fencepost_server.domain.errors import DomainError, FailedPrecondition, NotF
 from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.ledger.erasing import marker_key, marker_ops
 from fencepost_server.storage import Storage
+from fencepost_server.storage.counting import CountingStorage
 from tests.domain.test_ledger import FakeClock
 from tests.raw_store import raw_keys_naming
 
@@ -221,3 +222,18 @@ async def test_a_replica_taken_over_before_done_leaves_the_marker_to_the_new_cla
     assert await taker.run_pending() == 1
     assert (await taker.get(T, op.name)).done
     await whole_session(ledger, "doomed", "new")
+
+
+async def test_the_markers_cost_a_session_creation_no_backend_call(storage: Storage) -> None:
+    """The checks ride in the creating transaction: OpenSession of a new key
+    is one identity read and one transaction, Fork three reads (the parent),
+    one identity read and one transaction, as without them."""
+    counting = CountingStorage(storage)
+    ledger = Ledger(counting)
+    await ledger.open(T, "agent", "warm")  # not counted: first touches of the agent
+    counting.reset()
+    parent, created = await ledger.open(T, "agent", "k")
+    assert created and dict(counting.calls) == {"get": 1, "transact": 1}
+    counting.reset()
+    await ledger.fork(T, parent.session_id, 0, "child")
+    assert dict(counting.calls) == {"get": 4, "transact": 1}
