@@ -13,7 +13,7 @@ from fencepost import reasons
 from fencepost_server.domain.erasure import OPS_PREFIX, Eraser, OperationView
 from fencepost_server.domain.errors import DomainError, FailedPrecondition, NotFound
 from fencepost_server.domain.ledger import Ledger
-from fencepost_server.domain.ledger.erasing import marker_key, marker_ops
+from fencepost_server.domain.ledger.erasing import SHARDS, creation_checks, marker_ops, marker_prefix
 from fencepost_server.storage import Storage
 from fencepost_server.storage.counting import CountingStorage
 from tests.domain.test_ledger import FakeClock
@@ -185,10 +185,12 @@ async def test_erasures_of_one_scope_started_at_once_are_all_in_its_marker(stora
     ledger = Ledger(storage)
     eraser = Eraser(storage, ledger)
     ops = await asyncio.gather(*(eraser.start(T, "doomed", f"r{i}") for i in range(3)))
-    marker = await storage.get(marker_key(T, "doomed"))
-    assert sorted(marker_ops(marker)) == sorted(op.name.rsplit("-", 1)[1] for op in ops)
+    shards = await storage.list(marker_prefix(T, "doomed"), None, 100)
+    assert len(shards) == SHARDS
+    for shard in shards:
+        assert sorted(marker_ops(shard)) == sorted(op.name.rsplit("-", 1)[1] for op in ops)
     await eraser.run_pending()
-    assert await storage.get(marker_key(T, "doomed")) is None
+    assert await storage.list(marker_prefix(T, "doomed"), None, 100) == []
     await whole_session(ledger, "doomed", "new")
 
 
@@ -237,3 +239,13 @@ async def test_the_markers_cost_a_session_creation_no_backend_call(storage: Stor
     counting.reset()
     await ledger.fork(T, parent.session_id, 0, "child")
     assert dict(counting.calls) == {"get": 4, "transact": 1}
+
+
+def test_creations_of_one_agent_or_tenant_spread_over_the_shards() -> None:
+    """Concurrent creations seldom name the same marker item (on DynamoDB a
+    transaction naming an item another one names is cancelled)."""
+    by_key = {creation_checks(T, "agent", f"k{i}")[0].key for i in range(200)}
+    by_agent = {creation_checks(T, f"a{i}", "k")[1].key for i in range(200)}
+    assert len(by_key) == len(by_agent) == SHARDS
+    assert all(key.startswith(marker_prefix(T, "agent")) for key in by_key)
+    assert all(key.startswith(marker_prefix(T, None)) for key in by_agent)

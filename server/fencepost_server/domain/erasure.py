@@ -52,12 +52,12 @@ from dataclasses import dataclass
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ..storage import Check, Delete, Expect, Item, Put, Storage
+from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .errors import InvalidArgument, NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys, check_erasable_agent
 from .ledger import Ledger
 from .ledger.core import contended
-from .ledger.erasing import OPERATION_NAME_PREFIX, marker_key, marker_ops, marker_value
+from .ledger.erasing import OPERATION_NAME_PREFIX, SHARDS, marker_keys, marker_ops, marker_prefix, marker_value
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
 from .throttled_log import ThrottledWarning
 
@@ -148,7 +148,7 @@ class Eraser:
         seed = _op_seed(tenant, agent, request_id) if request_id else uuid.uuid4().hex
         op_id = _digest(seed)[:32]
         now = self.clock()
-        marker = marker_key(tenant, agent)
+        marker = marker_prefix(tenant, agent)
         state: dict[str, object] = {
             "tenant": _digest(tenant), "scope_tenant": tenant, "agent": agent, "phase": "fence",
             "cursor": None, "fenced": 0, "erased": 0, "created": now, "updated": now, "claim": None,
@@ -158,11 +158,10 @@ class Eraser:
         # the moment the operation exists (before its fence lists anything), no
         # session of the scope can be created (ledger/erasing.py says why).
         for _ in range(_MARKER_ATTEMPTS):
-            current = await self.storage.get(marker)
-            expect = Expect(exists=False) if current is None else Expect(version=current.version)
+            shards = await self._shards(tenant, agent)
             res = await self.storage.transact((), [
                 Put(OPS_PREFIX + op_id, _dump(state), Expect(exists=False)),
-                Put(marker, marker_value([*marker_ops(current), op_id]), expect),
+                *(Put(key, marker_value([*marker_ops(item), op_id]), _unchanged(item)) for key, item in shards),
             ])
             if res.applied:
                 break
@@ -243,25 +242,32 @@ class Eraser:
         res = await self.storage.put_if_version(key, _dump(state), version)
         return res.version if res.applied else None
 
+    async def _shards(self, tenant: str, agent: str | None) -> list[tuple[str, Item | None]]:
+        """Every shard of a scope's marker (ledger/erasing.py), as stored: one list."""
+        stored = {item.key: item for item in await self.storage.list(marker_prefix(tenant, agent), None, SHARDS)}
+        return [(key, stored.get(key)) for key in marker_keys(tenant, agent)]
+
     async def _unmark(self, key: str, version: str, state: dict[str, object]) -> bool:
         """Take the operation out of its scope's marker, before `done` is saved
         (a replica dying in between leaves it to the next claimer, which finds
         the id gone). Only while the record is still at the version this
         replica saved: a replica whose claim was taken over removes nothing
         (the new claimer may still be sweeping). False then."""
-        marker = state.pop("marker", None)
-        if not isinstance(marker, str):
+        prefix = state.pop("marker", None)
+        if not isinstance(prefix, str):
             return True  # recorded before operations kept markers: nothing to take out
         op_id = key[len(OPS_PREFIX):]
         for _ in range(_MARKER_ATTEMPTS):
-            current = await self.storage.get(marker)
-            ops = marker_ops(current)
-            if current is None or op_id not in ops:
+            writes: list[Write] = []
+            for item in await self.storage.list(prefix, None, SHARDS):
+                ops = marker_ops(item)
+                if op_id in ops:
+                    rest = [each for each in ops if each != op_id]
+                    expect = _unchanged(item)
+                    writes.append(Put(item.key, marker_value(rest), expect) if rest else Delete(item.key, expect))
+            if not writes:
                 return True
-            rest = [each for each in ops if each != op_id]
-            expect = Expect(version=current.version)
-            write = Put(marker, marker_value(rest), expect) if rest else Delete(marker, expect)
-            res = await self.storage.transact([Check(key, Expect(version=version))], [write])
+            res = await self.storage.transact([Check(key, Expect(version=version))], writes)
             if res.applied:
                 return True
             if 0 in res.failed:
@@ -406,6 +412,11 @@ def _skip(key: str, scope: str) -> str:
         head = scope + "/".join(rest[:4]) + "/"
         return head + "s" if key < head + "s/" else key
     return scope + "/".join(rest[:4]) + "/" + _END
+
+
+def _unchanged(item: Item | None) -> Expect:
+    """The condition that a marker shard is still as it was read."""
+    return Expect(exists=False) if item is None else Expect(version=item.version)
 
 
 def _dump(state: dict[str, object]) -> bytes:

@@ -1,31 +1,36 @@
 """Erasure markers: while an agent or tenant erasure runs, no session of its
 scope can be created, so none is ever half erased.
 
-    #/erasing/{first 2 hex of the tenant's hash}/{sha256(tenant)}/{sha256(agent) | *}
-        {"ops": [operation id, ...]}
+    #/erasing/{hh}/{sha256(tenant)}/{sha256(agent) | *}/{shard}   {"ops": [operation id, ...]}
 
-The erasure (domain/erasure.py) writes its id into its scope's marker in the
-same transaction that records the operation, and takes it out (deleting the
-marker when no other operation of the scope is left) in the step that
-reaches `done`, before `done` is saved. Every write that creates a session
+(`hh`: the first two hex digits of the tenant's hash.) A scope's marker is
+SHARDS items holding the same value, always written together. The erasure
+(domain/erasure.py) writes its id into every shard of its scope in the same
+transaction that records the operation, and takes it out (deleting a shard
+when no other operation of the scope is left) in the step that reaches
+`done`, before `done` is saved. Every write that creates a session
 (OpenSession, Deliver by key, Fork) checks, in its own transaction, that
-neither the agent's nor the tenant's marker exists: two condition checks in
-the one backend call it makes anyway.
+one shard of the agent's marker and one of the tenant's are absent: two
+condition checks in the one backend call it makes anyway.
 
 Why no session is half erased. A creating transaction and the marker's
-write are both atomic writes on the marker's key, so the backend orders
-them (SQLite: one writer; DynamoDB: TransactWriteItems are serializable
-against every other write of the items they name). A creation ordered
-before the marker is committed before the operation exists, hence before
-any list of the fence phase, which walks from the start of the scope: the
-fence finds it and tombstones it whole, as DeleteSession does. A creation
-ordered after the marker fails its check and writes nothing, until the
-marker goes, which is after the sweep and directory phases. Under the
-scope's prefixes there is then nothing left for the operation to delete.
+write both name the shard it checks, so the backend orders them (SQLite:
+one writer; DynamoDB: TransactWriteItems are serializable against every
+other write of the items they name). A creation ordered before the marker
+is committed before the operation exists, hence before any list of the
+fence phase, which walks from the start of the scope: the fence finds it
+and tombstones it whole, as DeleteSession does. A creation ordered after the
+marker fails its check and writes nothing, until the marker goes, which is
+after the sweep and directory phases. Under the scope's prefixes there is
+then nothing left for the operation to delete.
 
-The markers live under `#/`, not under the scope: the sweep does not remove
-them, and they name the scope only by hashes. Every session creation reads
-two of them, so they are spread over 256 DynamoDB partitions by tenant.
+Why shards: DynamoDB cancels a transaction that names an item another
+ongoing transaction names (a condition check included), and serves one item
+at a bounded rate. The shard a creation checks follows its agent and session
+key, so concurrent creations of one tenant or agent seldom name the same
+item. The markers live under `#/`, not under the scope (the sweep does not
+remove them), name the scope only by hashes, and spread over 256 DynamoDB
+partitions by tenant.
 """
 
 from __future__ import annotations
@@ -47,15 +52,29 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def marker_key(tenant: str, agent: str | None) -> str:
-    """The marker of an agent's scope, or (agent None) of the whole tenant's."""
+SHARDS = 16
+
+
+def marker_prefix(tenant: str, agent: str | None) -> str:
+    """The marker's shards of an agent's scope, or (agent None) of the whole tenant's."""
     scope = _digest(tenant)
-    return f"{ERASING_PREFIX}{scope[:2]}/{scope}/{'*' if agent is None else _digest(agent)}"
+    return f"{ERASING_PREFIX}{scope[:2]}/{scope}/{'*' if agent is None else _digest(agent)}/"
 
 
-def creation_checks(tenant: str, agent: str) -> list[Check]:
-    """The checks a session-creating transaction carries (two indexes, in this order)."""
-    return [Check(marker_key(tenant, agent), _ABSENT), Check(marker_key(tenant, None), _ABSENT)]
+def marker_keys(tenant: str, agent: str | None) -> list[str]:
+    prefix = marker_prefix(tenant, agent)
+    return [f"{prefix}{n:02x}" for n in range(SHARDS)]
+
+
+def creation_checks(tenant: str, agent: str, session_key: str) -> list[Check]:
+    """The checks a session-creating transaction carries (two indexes, in this
+    order): the shard of the agent's and of the tenant's marker that the
+    session's (agent, session_key) picks."""
+    shard = f"{int(_digest(agent + chr(0) + session_key)[:8], 16) % SHARDS:02x}"
+    return [
+        Check(marker_prefix(tenant, agent) + shard, _ABSENT),
+        Check(marker_prefix(tenant, None) + shard, _ABSENT),
+    ]
 
 
 def marker_ops(item: Item | None) -> list[str]:

@@ -59,7 +59,7 @@ class ForkMethods(ListingMethods):
             # and its forks marker moves, so a delete deciding meanwhile sees this fork;
             # no erasure of the agent or tenant may be running (erasing.py)
             writes = [*created, Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b"")]
-            checks = [Check(parent.head, Expect(exists=True)), *creation_checks(tenant, agent)]
+            checks = [Check(parent.head, Expect(exists=True)), *creation_checks(tenant, agent, child_key)]
             res = await self.storage.transact(checks, writes)
             if res.applied:
                 self._identities.put(idkey, sid)

@@ -150,7 +150,7 @@ class SessionMethods(ActivityMethods):
         self._check_meta_size(meta)
         writes, act = self._create_writes(sk, meta, idkey, 0, 0)
         # no session is created while an erasure of its agent or tenant runs (erasing.py)
-        res = await self.storage.transact(creation_checks(tenant, agent), writes)
+        res = await self.storage.transact(creation_checks(tenant, agent, session_key), writes)
         if not res.applied:
             refused = refusal(res, 0)
             if refused is not None:
