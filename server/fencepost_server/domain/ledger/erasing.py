@@ -45,14 +45,12 @@ from ..errors import FailedPrecondition
 
 ERASING_PREFIX = "#/erasing/"
 OPERATION_NAME_PREFIX = "operations/erase-"
+SHARDS = 16  # items per scope's marker; an operation writes them all in one transaction
 _ABSENT = Expect(exists=False)
 
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-SHARDS = 16
 
 
 def marker_prefix(tenant: str, agent: str | None) -> str:
