@@ -143,6 +143,7 @@ class InboxEntryGone(FailedPrecondition): """A consumed inbox id is not pending.
 class InboxNotEmpty(FailedPrecondition): """Events are pending: drain them before releasing."""
 class SessionHasForks(FailedPrecondition): """The session has live forks: delete them, or ask for the descendants too."""
 class ReminderIdsExhausted(FailedPrecondition): """The session's log named the largest reminder id: no new reminder fits; final."""
+class ErasureInProgress(FailedPrecondition): """An erasure of the agent or tenant runs (metadata `operation`): create the session once it is done."""
 class BackendUnavailable(Unavailable): """The storage backend could not be reached; retry."""
 class PersistenceUncertain(Unavailable): """A write's outcome is unknown: re-read, or retry with the same request_id."""
 
@@ -169,6 +170,7 @@ BY_REASON: dict[str, type[FencepostError]] = {
     R.INBOX_NOT_EMPTY: InboxNotEmpty,
     R.SESSION_HAS_FORKS: SessionHasForks,
     R.OPERATION_NOT_FOUND: OperationNotFound,
+    R.ERASURE_IN_PROGRESS: ErasureInProgress,
     R.COMMIT_TOO_LARGE: CommitTooLarge,
     R.RECORD_TOO_LARGE: RecordTooLarge,
     R.EVENT_TOO_LARGE: EventTooLarge,

@@ -4,6 +4,7 @@ and everything outside the scope untouched byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from fencepost import errors
 from fencepost.keys import author_kv
 from fencepost_server.app import App
 from fencepost_server.config import Settings
+from fencepost_server.domain.erasure import Eraser
 from fencepost_server.storage import Storage
 from tests.api.security_support import write_tokens
 from tests.raw_store import data_only, raw_items
@@ -146,3 +148,39 @@ async def test_a_put_retried_after_an_agent_erasure_gets_its_first_answer(storag
         assert done.done and await op.get_with_version(key) is None
         assert await op.put(key, b"author-kv", request_id="put-1") == first  # the first answer
         assert await op.get_with_version(key) is None, "the retry wrote the erased key again"
+
+
+async def test_no_session_of_the_scope_is_created_while_an_erasure_runs(
+    storage: Storage, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSession, Deliver by key and Fork answer FAILED_PRECONDITION /
+    ERASURE_IN_PROGRESS naming the operation, and write nothing; once the
+    operation is done the same calls create whole sessions."""
+    gate = asyncio.Event()
+    real_step = Eraser._step
+
+    async def held(self: Eraser, state: dict[str, object]) -> None:
+        await gate.wait()
+        await real_step(self, state)
+
+    monkeypatch.setattr(Eraser, "_step", held)
+    async with connect(app, "op-doomed") as op, connect(app, "svc-doomed") as svc:
+        parent = (await svc.open_session("doomed-agent", "parent")).session_id
+        started = await op.erase_agent("doomed-agent", request_id="erase-1")
+        for call in (
+            svc.open_session("doomed-agent", "chan"),
+            svc.deliver(b"event", agent="doomed-agent", session_key="chan"),
+            svc.fork(parent, 0, "child"),
+        ):
+            with pytest.raises(errors.ErasureInProgress) as info:
+                await call
+            assert info.value.code == "FAILED_PRECONDITION"
+            assert info.value.metadata["operation"] == started.name
+        assert not (await op.get_operation(started.name)).done
+        assert (await svc.open_session("kept-agent", "chan")).session_id  # another agent is not in scope
+        gate.set()
+        assert (await op.wait_operation(started.name)).done
+        fresh = (await svc.open_session("doomed-agent", "chan")).session_id
+        lease = await svc.acquire_lease(fresh, "holder", ttl=600)
+        await svc.commit(fresh, lease.generation, 0, [b"r1"])
+        assert (await svc.get_session(fresh)).seq == 1

@@ -26,7 +26,7 @@ from fencepost.v1 import errors_pb2 as fencepost_dot_v1_dot_errors__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65ncepost/v1/admin.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n\x10\x45rasureOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x17\n\x0fsessions_fenced\x18\x05 \x01(\x03\x12\x14\n\x0citems_erased\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"6\n\x11\x45raseAgentRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"G\n\x12\x45raseAgentResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation\"(\n\x12\x45raseTenantRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"H\n\x13\x45raseTenantResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation\"#\n\x13GetOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x14GetOperationResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation2\xaa\x02\n\x0c\x41\x64minService\x12W\n\nEraseAgent\x12\x1f.fencepost.v1.EraseAgentRequest\x1a .fencepost.v1.EraseAgentResponse\"\x06\xca\xa5\x19\x02\x19\r\x12Y\n\x0b\x45raseTenant\x12 .fencepost.v1.EraseTenantRequest\x1a!.fencepost.v1.EraseTenantResponse\"\x05\xca\xa5\x19\x01\r\x12\\\n\x0cGetOperation\x12!.fencepost.v1.GetOperationRequest\x1a\".fencepost.v1.GetOperationResponse\"\x05\xca\xa5\x19\x01\'\x1a\x08\xca\xa5\x19\x04\"#\n\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65ncepost/v1/admin.proto\x12\x0c\x66\x65ncepost.v1\x1a\x19\x66\x65ncepost/v1/errors.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n\x10\x45rasureOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x17\n\x0fsessions_fenced\x18\x05 \x01(\x03\x12\x14\n\x0citems_erased\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"6\n\x11\x45raseAgentRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"G\n\x12\x45raseAgentResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation\"(\n\x12\x45raseTenantRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"H\n\x13\x45raseTenantResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation\"#\n\x13GetOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x14GetOperationResponse\x12\x31\n\toperation\x18\x01 \x01(\x0b\x32\x1e.fencepost.v1.ErasureOperation2\xac\x02\n\x0c\x41\x64minService\x12X\n\nEraseAgent\x12\x1f.fencepost.v1.EraseAgentRequest\x1a .fencepost.v1.EraseAgentResponse\"\x07\xca\xa5\x19\x03\x19\r\x06\x12Z\n\x0b\x45raseTenant\x12 .fencepost.v1.EraseTenantRequest\x1a!.fencepost.v1.EraseTenantResponse\"\x06\xca\xa5\x19\x02\r\x06\x12\\\n\x0cGetOperation\x12!.fencepost.v1.GetOperationRequest\x1a\".fencepost.v1.GetOperationResponse\"\x05\xca\xa5\x19\x01\'\x1a\x08\xca\xa5\x19\x04\"#\n\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMINSERVICE']._loaded_options = None
   _globals['_ADMINSERVICE']._serialized_options = b'\312\245\031\004\"#\n\014'
   _globals['_ADMINSERVICE'].methods_by_name['EraseAgent']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['EraseAgent']._serialized_options = b'\312\245\031\002\031\r'
+  _globals['_ADMINSERVICE'].methods_by_name['EraseAgent']._serialized_options = b'\312\245\031\003\031\r\006'
   _globals['_ADMINSERVICE'].methods_by_name['EraseTenant']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['EraseTenant']._serialized_options = b'\312\245\031\001\r'
+  _globals['_ADMINSERVICE'].methods_by_name['EraseTenant']._serialized_options = b'\312\245\031\002\r\006'
   _globals['_ADMINSERVICE'].methods_by_name['GetOperation']._loaded_options = None
   _globals['_ADMINSERVICE'].methods_by_name['GetOperation']._serialized_options = b'\312\245\031\001\''
   _globals['_ERASUREOPERATION']._serialized_start=103
@@ -56,5 +56,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETOPERATIONRESPONSE']._serialized_start=608
   _globals['_GETOPERATIONRESPONSE']._serialized_end=681
   _globals['_ADMINSERVICE']._serialized_start=684
-  _globals['_ADMINSERVICE']._serialized_end=982
+  _globals['_ADMINSERVICE']._serialized_end=984
 # @@protoc_insertion_point(module_scope)

@@ -111,8 +111,13 @@ class AdminServiceServicer:
         Any name another service stores data under can be erased (NUL included).
         Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
         65,536 UTF-8 bytes: metadata `limit`, `size`);
-        INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-        common ones.
+        INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+        ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+        retry with the same request_id); the common ones.
+        From the start until the operation is done, no session of the agent can
+        be created (OpenSession, Deliver and Fork refuse it, naming the
+        operation): the erasure deletes every session it finds whole, and none
+        is created behind it.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -124,8 +129,11 @@ class AdminServiceServicer:
         at once with the operation to poll. A retry with the same request_id
         returns the same operation. The operation's own record is kept (under
         the server's bookkeeping, not the tenant) so it can be polled to the end.
+        Until it is done no session of the tenant can be created (as for
+        EraseAgent, every agent of the tenant).
         Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-        characters); the common ones.
+        characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+        at once; retry with the same request_id); the common ones.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -65,8 +65,13 @@ class AdminServiceStub:
     Any name another service stores data under can be erased (NUL included).
     Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
     65,536 UTF-8 bytes: metadata `limit`, `size`);
-    INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-    common ones.
+    INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+    ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+    retry with the same request_id); the common ones.
+    From the start until the operation is done, no session of the agent can
+    be created (OpenSession, Deliver and Fork refuse it, naming the
+    operation): the erasure deletes every session it finds whole, and none
+    is created behind it.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     EraseTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.EraseTenantRequest, _admin_pb2.EraseTenantResponse]
@@ -74,8 +79,11 @@ class AdminServiceStub:
     at once with the operation to poll. A retry with the same request_id
     returns the same operation. The operation's own record is kept (under
     the server's bookkeeping, not the tenant) so it can be polled to the end.
+    Until it is done no session of the tenant can be created (as for
+    EraseAgent, every agent of the tenant).
     Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-    characters); the common ones.
+    characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+    at once; retry with the same request_id); the common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     GetOperation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetOperationRequest, _admin_pb2.GetOperationResponse]
@@ -123,8 +131,13 @@ class AdminServiceAsyncStub(AdminServiceStub):
     Any name another service stores data under can be erased (NUL included).
     Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
     65,536 UTF-8 bytes: metadata `limit`, `size`);
-    INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-    common ones.
+    INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+    ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+    retry with the same request_id); the common ones.
+    From the start until the operation is done, no session of the agent can
+    be created (OpenSession, Deliver and Fork refuse it, naming the
+    operation): the erasure deletes every session it finds whole, and none
+    is created behind it.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     EraseTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.EraseTenantRequest, _admin_pb2.EraseTenantResponse]  # type: ignore[assignment]
@@ -132,8 +145,11 @@ class AdminServiceAsyncStub(AdminServiceStub):
     at once with the operation to poll. A retry with the same request_id
     returns the same operation. The operation's own record is kept (under
     the server's bookkeeping, not the tenant) so it can be polled to the end.
+    Until it is done no session of the tenant can be created (as for
+    EraseAgent, every agent of the tenant).
     Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-    characters); the common ones.
+    characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+    at once; retry with the same request_id); the common ones.
     Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
     """
     GetOperation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetOperationRequest, _admin_pb2.GetOperationResponse]  # type: ignore[assignment]
@@ -184,8 +200,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         Any name another service stores data under can be erased (NUL included).
         Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
         65,536 UTF-8 bytes: metadata `limit`, `size`);
-        INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-        common ones.
+        INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+        ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+        retry with the same request_id); the common ones.
+        From the start until the operation is done, no session of the agent can
+        be created (OpenSession, Deliver and Fork refuse it, naming the
+        operation): the erasure deletes every session it finds whole, and none
+        is created behind it.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 
@@ -199,8 +220,11 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         at once with the operation to poll. A retry with the same request_id
         returns the same operation. The operation's own record is kept (under
         the server's bookkeeping, not the tenant) so it can be polled to the end.
+        Until it is done no session of the tenant can be created (as for
+        EraseAgent, every agent of the tenant).
         Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-        characters); the common ones.
+        characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+        at once; retry with the same request_id); the common ones.
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
         """
 

@@ -135,6 +135,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     reminder id (metadata `last_id`), so no new reminder id can be written;
     final for the session: keep reminders in another session.
     """
+    ERROR_REASON_ERASURE_IN_PROGRESS: _ErrorReason.ValueType  # 41
+    """FAILED_PRECONDITION: an agent or tenant erasure of this scope is running
+    (metadata `operation`: its name), so no session of the scope can be
+    created until it is done; nothing was written. Retry after the operation
+    is done (an operator can wait for it with AdminService.GetOperation).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is every `google.rpc.ErrorInfo.reason` the server returns
@@ -259,6 +265,12 @@ ERROR_REASON_REMINDER_IDS_EXHAUSTED: ErrorReason.ValueType  # 40
 """FAILED_PRECONDITION: a record of the session's log named the largest
 reminder id (metadata `last_id`), so no new reminder id can be written;
 final for the session: keep reminders in another session.
+"""
+ERROR_REASON_ERASURE_IN_PROGRESS: ErrorReason.ValueType  # 41
+"""FAILED_PRECONDITION: an agent or tenant erasure of this scope is running
+(metadata `operation`: its name), so no session of the scope can be
+created until it is done; nothing was written. Retry after the operation
+is done (an operator can wait for it with AdminService.GetOperation).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 

@@ -81,7 +81,11 @@ class LedgerServiceStub:
     INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
     caller deleted the key's session while this call opened it (open again:
-    it creates a new one).
+    it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+    session does not exist and an erasure of the agent or tenant is running
+    (metadata `operation`): nothing is created, so no session is ever half
+    erased; open again once the operation is done. An existing session is
+    returned as usual (the erasure deletes it whole).
     Roles: service and operator.
     """
     ResolveSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]
@@ -119,7 +123,10 @@ class LedgerServiceStub:
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head or child_session_key is over 1024
     UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-    child_session_key already names another session (resolve it instead).
+    child_session_key already names another session (resolve it instead);
+    FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+    tenant is running (metadata `operation`): no child is created; fork again
+    once the operation is done, if the parent still exists.
     Roles: service and operator.
     """
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]
@@ -194,7 +201,10 @@ class LedgerServiceStub:
     that same holder is held: the holder drains the event).
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
     (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-    concurrent writers); the common ones (retry with the same dedupe_key).
+    concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+    and session_key, when the session does not exist and an erasure of the
+    agent or tenant is running: metadata `operation`; nothing is parked);
+    the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     Roles: service and operator.
     """
@@ -298,7 +308,11 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
     Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
     caller deleted the key's session while this call opened it (open again:
-    it creates a new one).
+    it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+    session does not exist and an erasure of the agent or tenant is running
+    (metadata `operation`): nothing is created, so no session is ever half
+    erased; open again once the operation is done. An existing session is
+    returned as usual (the erasure deletes it whole).
     Roles: service and operator.
     """
     ResolveSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ResolveSessionRequest, _ledger_pb2.ResolveSessionResponse]  # type: ignore[assignment]
@@ -336,7 +350,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
     at_seq is beyond the parent's head or child_session_key is over 1024
     UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-    child_session_key already names another session (resolve it instead).
+    child_session_key already names another session (resolve it instead);
+    FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+    tenant is running (metadata `operation`): no child is created; fork again
+    once the operation is done, if the parent still exists.
     Roles: service and operator.
     """
     AcquireLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
@@ -411,7 +428,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     that same holder is held: the holder drains the event).
     Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
     (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-    concurrent writers); the common ones (retry with the same dedupe_key).
+    concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+    and session_key, when the session does not exist and an erasure of the
+    agent or tenant is running: metadata `operation`; nothing is parked);
+    the common ones (retry with the same dedupe_key).
     A held lease is not an error: `lease_granted = false` (walk away).
     Roles: service and operator.
     """
@@ -518,7 +538,11 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
         Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
         caller deleted the key's session while this call opened it (open again:
-        it creates a new one).
+        it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+        session does not exist and an erasure of the agent or tenant is running
+        (metadata `operation`): nothing is created, so no session is ever half
+        erased; open again once the operation is done. An existing session is
+        returned as usual (the erasure deletes it whole).
         Roles: service and operator.
         """
 
@@ -580,7 +604,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
         at_seq is beyond the parent's head or child_session_key is over 1024
         UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-        child_session_key already names another session (resolve it instead).
+        child_session_key already names another session (resolve it instead);
+        FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+        tenant is running (metadata `operation`): no child is created; fork again
+        once the operation is done, if the parent still exists.
         Roles: service and operator.
         """
 
@@ -691,7 +718,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         that same holder is held: the holder drains the event).
         Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
         (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-        concurrent writers); the common ones (retry with the same dedupe_key).
+        concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+        and session_key, when the session does not exist and an erasure of the
+        agent or tenant is running: metadata `operation`; nothing is parked);
+        the common ones (retry with the same dedupe_key).
         A held lease is not an error: `lease_granted = false` (walk away).
         Roles: service and operator.
         """

@@ -9,6 +9,11 @@ and two replicas never both record progress. Every step is idempotent
 (deletes, and DeleteSession's tombstone and sweep), so the step a dead
 replica was in the middle of is simply done again.
 
+The record is written together with the scope's erasure marker
+(ledger/erasing.py), which refuses every session creation of the scope until
+the step reaching `done` takes it out: the fence finds every session created
+before, and none is created after, so no session is ever half erased.
+
 Phases:
 - fence: every session in scope is tombstoned and swept, as DeleteSession
   with force and delete_descendants (so a paused holder's next write
@@ -47,10 +52,12 @@ from dataclasses import dataclass
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ..storage import Item, Storage
+from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .errors import InvalidArgument, NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys, check_erasable_agent
 from .ledger import Ledger
+from .ledger.core import contended
+from .ledger.erasing import OPERATION_NAME_PREFIX, SHARDS, marker_keys, marker_ops, marker_prefix, marker_value
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
 from .throttled_log import ThrottledWarning
 
@@ -58,7 +65,8 @@ log = logging.getLogger("fencepost.erasure")
 
 OPS_PREFIX = GLOBAL_PREFIX + "ops/erase/"
 REQUEST_PREFIX = GLOBAL_PREFIX + "req/"
-NAME_PREFIX = "operations/erase-"
+NAME_PREFIX = OPERATION_NAME_PREFIX
+_MARKER_ATTEMPTS = 20  # the marker only changes when an operation of its scope starts or ends
 _END = "\U0010ffff"  # sorts after every character a key holds: "skip this subtree"
 _SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
 _ID = re.compile(r"^[0-9a-f]{32}$")
@@ -140,13 +148,27 @@ class Eraser:
         seed = _op_seed(tenant, agent, request_id) if request_id else uuid.uuid4().hex
         op_id = _digest(seed)[:32]
         now = self.clock()
+        marker = marker_prefix(tenant, agent)
         state: dict[str, object] = {
             "tenant": _digest(tenant), "scope_tenant": tenant, "agent": agent, "phase": "fence",
             "cursor": None, "fenced": 0, "erased": 0, "created": now, "updated": now, "claim": None,
+            "marker": marker,
         }
-        res = await self.storage.put_if_absent(OPS_PREFIX + op_id, _dump(state))
-        if not res.applied:
-            return await self.get(tenant, NAME_PREFIX + op_id)
+        # The record and its id in the scope's marker, in one transaction: from
+        # the moment the operation exists (before its fence lists anything), no
+        # session of the scope can be created (ledger/erasing.py says why).
+        for _ in range(_MARKER_ATTEMPTS):
+            shards = await self._shards(tenant, agent)
+            res = await self.storage.transact((), [
+                Put(OPS_PREFIX + op_id, _dump(state), Expect(exists=False)),
+                *(Put(key, marker_value([*marker_ops(item), op_id]), _unchanged(item)) for key, item in shards),
+            ])
+            if res.applied:
+                break
+            if 0 in res.failed:  # a retry of a start: its operation (done or not)
+                return await self.get(tenant, NAME_PREFIX + op_id)
+        else:
+            raise contended("EraseAgent" if agent is not None else "EraseTenant")
         self._wake.set()
         self.events("erasure.started")
         # an audit line without the scope's name: a finished erasure keeps none
@@ -203,6 +225,8 @@ class Eraser:
             return False
         while state["phase"] != "done":
             await self._step(state)
+            if state["phase"] == "done" and not await self._unmark(item.key, version, state):
+                return False  # taken over: the other replica takes the marker out
             version = await self._save(item.key, version, state, claimed=state["phase"] != "done")
             if version is None:
                 return False  # taken over (this replica was too slow): the other one goes on
@@ -217,6 +241,38 @@ class Eraser:
         state["updated"] = now
         res = await self.storage.put_if_version(key, _dump(state), version)
         return res.version if res.applied else None
+
+    async def _shards(self, tenant: str, agent: str | None) -> list[tuple[str, Item | None]]:
+        """Every shard of a scope's marker (ledger/erasing.py), as stored: one list."""
+        stored = {item.key: item for item in await self.storage.list(marker_prefix(tenant, agent), None, SHARDS)}
+        return [(key, stored.get(key)) for key in marker_keys(tenant, agent)]
+
+    async def _unmark(self, key: str, version: str, state: dict[str, object]) -> bool:
+        """Take the operation out of its scope's marker, before `done` is saved
+        (a replica dying in between leaves it to the next claimer, which finds
+        the id gone). Only while the record is still at the version this
+        replica saved: a replica whose claim was taken over removes nothing
+        (the new claimer may still be sweeping). False then."""
+        prefix = state.pop("marker", None)
+        if not isinstance(prefix, str):
+            return True  # recorded before operations kept markers: nothing to take out
+        op_id = key[len(OPS_PREFIX):]
+        for _ in range(_MARKER_ATTEMPTS):
+            writes: list[Write] = []
+            for item in await self.storage.list(prefix, None, SHARDS):
+                ops = marker_ops(item)
+                if op_id in ops:
+                    rest = [each for each in ops if each != op_id]
+                    expect = _unchanged(item)
+                    writes.append(Put(item.key, marker_value(rest), expect) if rest else Delete(item.key, expect))
+            if not writes:
+                return True
+            res = await self.storage.transact([Check(key, Expect(version=version))], writes)
+            if res.applied:
+                return True
+            if 0 in res.failed:
+                return False
+        raise contended("the erasure's marker")
 
     async def _step(self, state: dict[str, object]) -> None:
         """One bounded piece of work; advances the cursor / phase."""
@@ -356,6 +412,11 @@ def _skip(key: str, scope: str) -> str:
         head = scope + "/".join(rest[:4]) + "/"
         return head + "s" if key < head + "s/" else key
     return scope + "/".join(rest[:4]) + "/" + _END
+
+
+def _unchanged(item: Item | None) -> Expect:
+    """The condition that a marker shard is still as it was read."""
+    return Expect(exists=False) if item is None else Expect(version=item.version)
 
 
 def _dump(state: dict[str, object]) -> bytes:

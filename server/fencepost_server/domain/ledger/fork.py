@@ -18,6 +18,7 @@ from ..errors import NotFound
 from ..paging import ENTRY_OVERHEAD, split_by_bytes
 from .activity import Activity
 from .core import SessionView, bad
+from .erasing import creation_checks, refusal
 from .layout import NO_LEASE, Meta, SessionKeys, identity_key, new_session_id, parse_seq, session_not_found
 from .listing import ListingMethods
 from .sessions import AlreadyExists, check_name
@@ -55,15 +56,20 @@ class ForkMethods(ListingMethods):
             size = parent_act.head_size if parent_act is not None and parent_act.head_seq == at_seq else None
             created, act = self._create_writes(sk, meta, idkey, at_seq, size)
             # the parent must still exist (a DeleteSession tombstone removes its head),
-            # and its forks marker moves, so a delete deciding meanwhile sees this fork
+            # and its forks marker moves, so a delete deciding meanwhile sees this fork;
+            # no erasure of the agent or tenant may be running (erasing.py)
             writes = [*created, Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b"")]
-            res = await self.storage.transact([Check(parent.head, Expect(exists=True))], writes)
+            checks = [Check(parent.head, Expect(exists=True)), *creation_checks(tenant, agent, child_key)]
+            res = await self.storage.transact(checks, writes)
             if res.applied:
                 self._identities.put(idkey, sid)
                 self.remember_activity(sk, act)
                 return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
             if 0 in res.failed:
                 raise session_not_found(parent_sid)
+            refused = refusal(res, 1)
+            if refused is not None:
+                raise refused
             existing = await self._sid_for(tenant, agent, child_key)
         try:
             view = await self.get(tenant, existing or "")

@@ -12,6 +12,7 @@ from ...storage import Check, Delete, Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound, limit_error
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
 from .core import SessionView, bad
+from .erasing import creation_checks, refusal
 from .layout import (
     MAX_AGENT_BYTES,
     NO_LEASE,
@@ -148,8 +149,12 @@ class SessionMethods(ActivityMethods):
         meta = Meta(sid, agent, session_key, self.clock(), "", 0, dict(metadata or {}))
         self._check_meta_size(meta)
         writes, act = self._create_writes(sk, meta, idkey, 0, 0)
-        res = await self.storage.transact((), writes)
+        # no session is created while an erasure of its agent or tenant runs (erasing.py)
+        res = await self.storage.transact(creation_checks(tenant, agent, session_key), writes)
         if not res.applied:
+            refused = refusal(res, 0)
+            if refused is not None:
+                raise refused
             other = await self._sid_for(tenant, agent, session_key)
             if other is None:  # the identity vanished again: impossible without deletes
                 raise session_not_found(session_key)

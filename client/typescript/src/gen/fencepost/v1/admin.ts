@@ -776,8 +776,13 @@ export const AdminServiceService = {
    * Any name another service stores data under can be erased (NUL included).
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
    * 65,536 UTF-8 bytes: metadata `limit`, `size`);
-   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-   * common ones.
+   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+   * ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+   * retry with the same request_id); the common ones.
+   * From the start until the operation is done, no session of the agent can
+   * be created (OpenSession, Deliver and Fork refuse it, naming the
+   * operation): the erasure deletes every session it finds whole, and none
+   * is created behind it.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent: {
@@ -794,8 +799,11 @@ export const AdminServiceService = {
    * at once with the operation to poll. A retry with the same request_id
    * returns the same operation. The operation's own record is kept (under
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
+   * Until it is done no session of the tenant can be created (as for
+   * EraseAgent, every agent of the tenant).
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-   * characters); the common ones.
+   * characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+   * at once; retry with the same request_id); the common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant: {
@@ -834,8 +842,13 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * Any name another service stores data under can be erased (NUL included).
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
    * 65,536 UTF-8 bytes: metadata `limit`, `size`);
-   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-   * common ones.
+   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+   * ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+   * retry with the same request_id); the common ones.
+   * From the start until the operation is done, no session of the agent can
+   * be created (OpenSession, Deliver and Fork refuse it, naming the
+   * operation): the erasure deletes every session it finds whole, and none
+   * is created behind it.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent: handleUnaryCall<EraseAgentRequest, EraseAgentResponse>;
@@ -844,8 +857,11 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
    * at once with the operation to poll. A retry with the same request_id
    * returns the same operation. The operation's own record is kept (under
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
+   * Until it is done no session of the tenant can be created (as for
+   * EraseAgent, every agent of the tenant).
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-   * characters); the common ones.
+   * characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+   * at once; retry with the same request_id); the common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant: handleUnaryCall<EraseTenantRequest, EraseTenantResponse>;
@@ -867,8 +883,13 @@ export interface AdminServiceClient extends Client {
    * Any name another service stores data under can be erased (NUL included).
    * Errors: INVALID_ARGUMENT / AGENT_NAME_INVALID (empty agent, or over
    * 65,536 UTF-8 bytes: metadata `limit`, `size`);
-   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters); the
-   * common ones.
+   * INVALID_ARGUMENT / FIELD_INVALID (request_id over 128 characters);
+   * ABORTED / TXN_CONTENDED (many erasures of the agent started at once;
+   * retry with the same request_id); the common ones.
+   * From the start until the operation is done, no session of the agent can
+   * be created (OpenSession, Deliver and Fork refuse it, naming the
+   * operation): the erasure deletes every session it finds whole, and none
+   * is created behind it.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseAgent(
@@ -891,8 +912,11 @@ export interface AdminServiceClient extends Client {
    * at once with the operation to poll. A retry with the same request_id
    * returns the same operation. The operation's own record is kept (under
    * the server's bookkeeping, not the tenant) so it can be polled to the end.
+   * Until it is done no session of the tenant can be created (as for
+   * EraseAgent, every agent of the tenant).
    * Errors: INVALID_ARGUMENT / FIELD_INVALID (request_id over 128
-   * characters); the common ones.
+   * characters); ABORTED / TXN_CONTENDED (many erasures of the tenant started
+   * at once; retry with the same request_id); the common ones.
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
    */
   eraseTenant(

@@ -146,6 +146,13 @@ export enum ErrorReason {
    * final for the session: keep reminders in another session.
    */
   REMINDER_IDS_EXHAUSTED = 40,
+  /**
+   * ERASURE_IN_PROGRESS - FAILED_PRECONDITION: an agent or tenant erasure of this scope is running
+   * (metadata `operation`: its name), so no session of the scope can be
+   * created until it is done; nothing was written. Retry after the operation
+   * is done (an operator can wait for it with AdminService.GetOperation).
+   */
+  ERASURE_IN_PROGRESS = 41,
   UNRECOGNIZED = -1,
 }
 
@@ -274,6 +281,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 40:
     case "ERROR_REASON_REMINDER_IDS_EXHAUSTED":
       return ErrorReason.REMINDER_IDS_EXHAUSTED;
+    case 41:
+    case "ERROR_REASON_ERASURE_IN_PROGRESS":
+      return ErrorReason.ERASURE_IN_PROGRESS;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -365,6 +375,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_OPERATION_NOT_FOUND";
     case ErrorReason.REMINDER_IDS_EXHAUSTED:
       return "ERROR_REASON_REMINDER_IDS_EXHAUSTED";
+    case ErrorReason.ERASURE_IN_PROGRESS:
+      return "ERROR_REASON_ERASURE_IN_PROGRESS";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

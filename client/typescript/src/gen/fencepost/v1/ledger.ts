@@ -4615,7 +4615,11 @@ export const LedgerServiceService = {
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
    * caller deleted the key's session while this call opened it (open again:
-   * it creates a new one).
+   * it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+   * session does not exist and an erasure of the agent or tenant is running
+   * (metadata `operation`): nothing is created, so no session is ever half
+   * erased; open again once the operation is done. An existing session is
+   * returned as usual (the erasure deletes it whole).
    * Roles: service and operator.
    */
   openSession: {
@@ -4692,7 +4696,10 @@ export const LedgerServiceService = {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head or child_session_key is over 1024
    * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-   * child_session_key already names another session (resolve it instead).
+   * child_session_key already names another session (resolve it instead);
+   * FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+   * tenant is running (metadata `operation`): no child is created; fork again
+   * once the operation is done, if the parent still exists.
    * Roles: service and operator.
    */
   fork: {
@@ -4823,7 +4830,10 @@ export const LedgerServiceService = {
    * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-   * concurrent writers); the common ones (retry with the same dedupe_key).
+   * concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+   * and session_key, when the session does not exist and an erasure of the
+   * agent or tenant is running: metadata `operation`; nothing is parked);
+   * the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
    * Roles: service and operator.
    */
@@ -4931,7 +4941,11 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
    * caller deleted the key's session while this call opened it (open again:
-   * it creates a new one).
+   * it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+   * session does not exist and an erasure of the agent or tenant is running
+   * (metadata `operation`): nothing is created, so no session is ever half
+   * erased; open again once the operation is done. An existing session is
+   * returned as usual (the erasure deletes it whole).
    * Roles: service and operator.
    */
   openSession: handleUnaryCall<OpenSessionRequest, OpenSessionResponse>;
@@ -4973,7 +4987,10 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head or child_session_key is over 1024
    * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-   * child_session_key already names another session (resolve it instead).
+   * child_session_key already names another session (resolve it instead);
+   * FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+   * tenant is running (metadata `operation`): no child is created; fork again
+   * once the operation is done, if the parent still exists.
    * Roles: service and operator.
    */
   fork: handleUnaryCall<ForkRequest, ForkResponse>;
@@ -5054,7 +5071,10 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
    * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-   * concurrent writers); the common ones (retry with the same dedupe_key).
+   * concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+   * and session_key, when the session does not exist and an erasure of the
+   * agent or tenant is running: metadata `operation`; nothing is parked);
+   * the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
    * Roles: service and operator.
    */
@@ -5121,7 +5141,11 @@ export interface LedgerServiceClient extends Client {
    * INVALID_ARGUMENT / FIELD_INVALID with metadata `limit`, `size`.
    * Errors: the common ones; NOT_FOUND / SESSION_NOT_FOUND only when another
    * caller deleted the key's session while this call opened it (open again:
-   * it creates a new one).
+   * it creates a new one); FAILED_PRECONDITION / ERASURE_IN_PROGRESS when the
+   * session does not exist and an erasure of the agent or tenant is running
+   * (metadata `operation`): nothing is created, so no session is ever half
+   * erased; open again once the operation is done. An existing session is
+   * returned as usual (the erasure deletes it whole).
    * Roles: service and operator.
    */
   openSession(
@@ -5219,7 +5243,10 @@ export interface LedgerServiceClient extends Client {
    * Errors: SESSION_NOT_FOUND (parent); INVALID_ARGUMENT / FIELD_INVALID when
    * at_seq is beyond the parent's head or child_session_key is over 1024
    * UTF-8 bytes (metadata `limit`, `size`); ALREADY_EXISTS / FIELD_INVALID when
-   * child_session_key already names another session (resolve it instead).
+   * child_session_key already names another session (resolve it instead);
+   * FAILED_PRECONDITION / ERASURE_IN_PROGRESS when an erasure of the agent or
+   * tenant is running (metadata `operation`): no child is created; fork again
+   * once the operation is done, if the parent still exists.
    * Roles: service and operator.
    */
   fork(request: ForkRequest, callback: (error: ServiceError | null, response: ForkResponse) => void): ClientUnaryCall;
@@ -5372,7 +5399,10 @@ export interface LedgerServiceClient extends Client {
    * that same holder is held: the holder drains the event).
    * Errors: INVALID_ARGUMENT / EVENT_TOO_LARGE (over 256 KiB); SESSION_NOT_FOUND
    * (by session_id); ABORTED / TXN_CONTENDED (the inbox kept changing under
-   * concurrent writers); the common ones (retry with the same dedupe_key).
+   * concurrent writers); FAILED_PRECONDITION / ERASURE_IN_PROGRESS (by agent
+   * and session_key, when the session does not exist and an erasure of the
+   * agent or tenant is running: metadata `operation`; nothing is parked);
+   * the common ones (retry with the same dedupe_key).
    * A held lease is not an error: `lease_granted = false` (walk away).
    * Roles: service and operator.
    */

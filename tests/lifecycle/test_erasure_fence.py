@@ -1,0 +1,251 @@
+"""No session is ever half erased: while an agent or tenant erasure runs, a
+session of its scope cannot be created (OpenSession, Deliver by key, Fork);
+one created before the operation began is fenced whole (docs/lifecycle.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from fencepost import reasons
+from fencepost_server.domain.erasure import OPS_PREFIX, Eraser, OperationView
+from fencepost_server.domain.errors import DomainError, FailedPrecondition, NotFound
+from fencepost_server.domain.ledger import Ledger
+from fencepost_server.domain.ledger.erasing import SHARDS, creation_checks, marker_ops, marker_prefix
+from fencepost_server.storage import Storage
+from fencepost_server.storage.counting import CountingStorage
+from tests.domain.test_ledger import FakeClock
+from tests.raw_store import raw_keys_naming
+
+T = "tenant"
+
+
+class Pause(Exception):
+    pass
+
+
+async def run_steps(eraser: Eraser, n: int) -> None:
+    """Run `n` steps of the pending operations, then stop as a replica would
+    between two steps (the claim stays this replica's: the next call goes on)."""
+    real, taken = Eraser._step, 0
+
+    async def step(state):  # type: ignore[no-untyped-def]
+        nonlocal taken
+        if taken == n:
+            raise Pause
+        taken += 1
+        await real(eraser, state)
+
+    eraser._step = step  # type: ignore[method-assign]
+    try:
+        await eraser.run_pending()
+    except Pause:
+        pass
+    finally:
+        del eraser._step
+
+
+async def refused(call: object, op: OperationView) -> None:
+    with pytest.raises(FailedPrecondition) as info:
+        await call  # type: ignore[misc]
+    assert info.value.reason == reasons.ERASURE_IN_PROGRESS
+    assert info.value.metadata["operation"] == op.name
+
+
+async def whole_session(ledger: Ledger, agent: str, key: str) -> str:
+    """Open a session, commit to it and read it all back."""
+    view, created = await ledger.open(T, agent, key)
+    assert created
+    lease = await ledger.acquire(T, view.session_id, "h", ttl=30)
+    await ledger.commit(T, view.session_id, lease.generation, 0, [b"a", b"b"])
+    pages = [p async for p in ledger.read_log(T, view.session_id)]
+    assert [data for page in pages for _, data in page] == [b"a", b"b"]
+    return view.session_id
+
+
+async def test_agent_erasure_refuses_new_sessions_of_the_agent_until_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    old = [(await ledger.open(T, "doomed", f"k{i}"))[0].session_id for i in range(3)]
+    other = (await ledger.open(T, "other", "k"))[0].session_id
+    op = await eraser.start(T, "doomed", "rid")
+    phases = []
+    while not (await eraser.get(T, op.name)).done:
+        phases.append((await eraser.get(T, op.name)).phase)
+        await refused(ledger.open(T, "doomed", "new"), op)
+        await refused(ledger.deliver(T, agent="doomed", session_key="by-deliver", payload=b"e"), op)
+        try:
+            await refused(ledger.fork(T, old[2], 0, "child"), op)
+        except NotFound:
+            pass  # the parent was fenced already
+        await ledger.open(T, "other", f"during-{len(phases)}")  # another agent is not in scope
+        await run_steps(eraser, 1)
+    assert {"fence", "sweep", "directory"} <= set(phases)
+    assert (await eraser.get(T, op.name)).sessions_fenced == 3
+    assert raw_keys_naming(storage, "/agentkit/v1/doomed/", *old) == []
+    assert (await ledger.get(T, other)).session_id == other
+
+    sid = await whole_session(ledger, "doomed", "new")
+    assert sid not in old
+    assert await eraser.run_pending() == 0
+    assert (await ledger.get(T, sid)).seq == 2
+    await ledger.deliver(T, agent="doomed", session_key="by-deliver", payload=b"e")
+    assert (await ledger.fork(T, sid, 1, "child")).seed_length == 1
+
+
+async def test_tenant_erasure_refuses_new_sessions_of_every_agent_until_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    old = (await ledger.open(T, "a1", "k"))[0].session_id
+    elsewhere = (await ledger.open("other-tenant", "a1", "k"))[0].session_id
+    op = await eraser.start(T, None, "")
+    steps = 0
+    while not (await eraser.get(T, op.name)).done:
+        for agent in ("a1", "a2"):
+            await refused(ledger.open(T, agent, "new"), op)
+        await ledger.open("other-tenant", "a1", f"during-{steps}")
+        await run_steps(eraser, 1)
+        steps += 1
+    assert steps > 3
+    assert raw_keys_naming(storage, old) == []
+    assert [k for k in raw_keys_naming(storage, T + "/") if k.startswith(T + "/")] == []
+    assert (await ledger.get("other-tenant", elsewhere)).session_id == elsewhere
+    await whole_session(ledger, "a1", "new")
+    await whole_session(ledger, "a2", "new")
+
+
+async def test_an_agent_erasure_within_a_tenant_erasure_keeps_the_tenant_refused(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    tenant_op = await eraser.start(T, None, "t")
+    agent_op = await eraser.start(T, "a1", "a")
+    await eraser._run(await storage.get(OPS_PREFIX + agent_op.name.rsplit("-", 1)[1]))  # type: ignore[arg-type]
+    assert (await eraser.get(T, agent_op.name)).done
+    await refused(ledger.open(T, "a1", "new"), tenant_op)
+    await eraser.run_pending()
+    await whole_session(ledger, "a1", "new")
+
+
+async def test_two_erasures_of_one_scope_refuse_until_both_are_done(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    first = await eraser.start(T, "doomed", "one")
+    second = await eraser.start(T, "doomed", "two")
+    assert first.name != second.name
+    await eraser._run(await storage.get(OPS_PREFIX + first.name.rsplit("-", 1)[1]))  # type: ignore[arg-type]
+    assert (await eraser.get(T, first.name)).done and not (await eraser.get(T, second.name)).done
+    await refused(ledger.open(T, "doomed", "new"), second)
+    # a retried start of the finished one returns it and blocks nothing more
+    assert (await eraser.start(T, "doomed", "one")).done
+    await eraser.run_pending()
+    await whole_session(ledger, "doomed", "new")
+
+
+async def test_a_session_created_before_the_operation_began_is_fenced_whole(storage: Storage) -> None:
+    """The creation commits before the marker: every list the fence makes
+    afterwards sees it, so it is tombstoned (SESSION_NOT_FOUND) and swept,
+    never left with some of its keys."""
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    real_start = storage.transact
+    sid = ""
+
+    async def open_just_before(checks, writes, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal sid
+        if not sid and any(w.key.startswith("#/ops/erase/") for w in writes):
+            sid = await whole_session(ledger, "doomed", "racer")
+        return await real_start(checks, writes, *args, **kwargs)
+
+    storage.transact = open_just_before  # type: ignore[method-assign]
+    try:
+        op = await eraser.start(T, "doomed", "")
+    finally:
+        del storage.transact
+    assert sid
+    await eraser.run_pending()
+    assert (await eraser.get(T, op.name)).sessions_fenced == 1
+    with pytest.raises(NotFound):
+        await ledger.get(T, sid)
+    assert raw_keys_naming(storage, sid) == []
+
+
+async def test_refusal_writes_nothing(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    op = await eraser.start(T, "doomed", "")
+    await refused(ledger.open(T, "doomed", "new"), op)
+    assert [k for k in raw_keys_naming(storage, "/agentkit/v1/doomed/") if k.startswith(T + "/")] == []
+    with pytest.raises(DomainError):
+        await ledger.resolve(T, "doomed", "new")
+
+
+async def test_erasures_of_one_scope_started_at_once_are_all_in_its_marker(storage: Storage) -> None:
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    ops = await asyncio.gather(*(eraser.start(T, "doomed", f"r{i}") for i in range(3)))
+    shards = await storage.list(marker_prefix(T, "doomed"), None, 100)
+    assert len(shards) == SHARDS
+    for shard in shards:
+        assert sorted(marker_ops(shard)) == sorted(op.name.rsplit("-", 1)[1] for op in ops)
+    await eraser.run_pending()
+    assert await storage.list(marker_prefix(T, "doomed"), None, 100) == []
+    await whole_session(ledger, "doomed", "new")
+
+
+async def test_a_replica_taken_over_before_done_leaves_the_marker_to_the_new_claimer(storage: Storage) -> None:
+    """A replica whose claim expired may finish its last step while the new
+    claimer is still sweeping: taking the marker out then would let a session
+    be created under that sweep. Only the replica whose saved version is
+    still current takes it out."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    slow = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    op = await slow.start(T, "doomed", "")
+    await ledger.open(T, "kept", "k")
+    real_step = Eraser._step
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+
+    async def taken_over_at_the_end(state):  # type: ignore[no-untyped-def]
+        await real_step(slow, state)
+        if state["phase"] == "done":  # the other replica claims meanwhile
+            clock.now += 31
+            item = await storage.get(OPS_PREFIX + op.name.rsplit("-", 1)[1])
+            assert item is not None
+            assert await taker._save(item.key, item.version, json.loads(item.value), claimed=True)
+
+    slow._step = taken_over_at_the_end  # type: ignore[method-assign]
+    assert await slow.run_pending() == 0
+    assert not (await slow.get(T, op.name)).done
+    await refused(ledger.open(T, "doomed", "new"), op)
+    del slow._step
+    assert await slow.run_pending() == 0  # the other replica's claim is live
+    assert await taker.run_pending() == 1
+    assert (await taker.get(T, op.name)).done
+    await whole_session(ledger, "doomed", "new")
+
+
+async def test_the_markers_cost_a_session_creation_no_backend_call(storage: Storage) -> None:
+    """The checks ride in the creating transaction: OpenSession of a new key
+    is one identity read and one transaction, Fork three reads (the parent),
+    one identity read and one transaction, as without them."""
+    counting = CountingStorage(storage)
+    ledger = Ledger(counting)
+    await ledger.open(T, "agent", "warm")  # not counted: first touches of the agent
+    counting.reset()
+    parent, created = await ledger.open(T, "agent", "k")
+    assert created and dict(counting.calls) == {"get": 1, "transact": 1}
+    counting.reset()
+    await ledger.fork(T, parent.session_id, 0, "child")
+    assert dict(counting.calls) == {"get": 4, "transact": 1}
+
+
+def test_creations_of_one_agent_or_tenant_spread_over_the_shards() -> None:
+    """Concurrent creations seldom name the same marker item (on DynamoDB a
+    transaction naming an item another one names is cancelled)."""
+    by_key = {creation_checks(T, "agent", f"k{i}")[0].key for i in range(200)}
+    by_agent = {creation_checks(T, f"a{i}", "k")[1].key for i in range(200)}
+    assert len(by_key) == len(by_agent) == SHARDS
+    assert all(key.startswith(marker_prefix(T, "agent")) for key in by_key)
+    assert all(key.startswith(marker_prefix(T, None)) for key in by_agent)
