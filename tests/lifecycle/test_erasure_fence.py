@@ -244,8 +244,8 @@ async def test_the_markers_cost_a_session_creation_no_backend_call(storage: Stor
 def test_creations_of_one_agent_or_tenant_spread_over_the_shards() -> None:
     """Concurrent creations seldom name the same marker item (on DynamoDB a
     transaction naming an item another one names is cancelled)."""
-    by_key = {creation_checks(T, "agent", f"k{i}")[0].key for i in range(200)}
-    by_agent = {creation_checks(T, f"a{i}", "k")[1].key for i in range(200)}
+    by_key = {creation_checks(T, "agent", f"k{i}")[0].key for i in range(2000)}
+    by_agent = {creation_checks(T, f"a{i}", "k")[1].key for i in range(2000)}
     assert len(by_key) == len(by_agent) == SHARDS
     assert all(key.startswith(marker_prefix(T, "agent")) for key in by_key)
     assert all(key.startswith(marker_prefix(T, None)) for key in by_agent)
