@@ -48,8 +48,8 @@ OPERATION_NAME_PREFIX = "operations/erase-"
 #: items per scope's marker; an operation writes them all, with its record, in
 #: one transaction (65 of DynamoDB's 100 items). Concurrent creations of one
 #: tenant conflict when they pick the same shard within a transaction's
-#: ~10-30 ms: at 100 creations a second about 1 in 20 is retried by the
-#: backend (a conflict is retried, never an error), at 16 shards 1 in 5.
+#: ~10-30 ms: at 100 creations a second about 1 in 16 is retried by the
+#: backend (a conflict is retried, never an error); at 16 shards, 1 in 4.
 SHARDS = 64
 _ABSENT = Expect(exists=False)
 
