@@ -123,10 +123,10 @@ async def test_a_replica_dying_mid_wait_leaves_the_settle_to_another(
     op = await first.start(T, "doomed")
     real_step = first._step
 
-    async def dies_while_waiting(state):  # type: ignore[no-untyped-def]
+    async def dies_while_waiting(state, *held):  # type: ignore[no-untyped-def]
         if state["phase"] == "directory" and state.get("waited") is not None:
             raise Crash  # as kill -9: the rows are gone, the settle not done
-        await real_step(state)
+        await real_step(state, *held)
 
     first._step = dies_while_waiting  # type: ignore[method-assign]
     with pytest.raises(Crash):

@@ -159,9 +159,9 @@ async def test_no_session_of_the_scope_is_created_while_an_erasure_runs(
     gate = asyncio.Event()
     real_step = Eraser._step
 
-    async def held(self: Eraser, state: dict[str, object]) -> None:
+    async def held(self: Eraser, state: dict[str, object], *claim: object) -> None:
         await gate.wait()
-        await real_step(self, state)
+        await real_step(self, state, *claim)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Eraser, "_step", held)
     async with connect(app, "op-doomed") as op, connect(app, "svc-doomed") as svc:

@@ -31,12 +31,12 @@ async def run_steps(eraser: Eraser, n: int) -> None:
     between two steps (the claim stays this replica's: the next call goes on)."""
     real, taken = Eraser._step, 0
 
-    async def step(state):  # type: ignore[no-untyped-def]
+    async def step(state, *held):  # type: ignore[no-untyped-def]
         nonlocal taken
         if taken == n:
             raise Pause
         taken += 1
-        await real(eraser, state)
+        await real(eraser, state, *held)
 
     eraser._step = step  # type: ignore[method-assign]
     try:
@@ -207,8 +207,8 @@ async def test_a_replica_taken_over_before_done_leaves_the_marker_to_the_new_cla
     real_step = Eraser._step
     taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
 
-    async def taken_over_at_the_end(state):  # type: ignore[no-untyped-def]
-        await real_step(slow, state)
+    async def taken_over_at_the_end(state, *held):  # type: ignore[no-untyped-def]
+        await real_step(slow, state, *held)
         if state["phase"] == "done":  # the other replica claims meanwhile
             clock.now += 31
             item = await storage.get(OPS_PREFIX + op.name.rsplit("-", 1)[1])
@@ -249,3 +249,52 @@ def test_creations_of_one_agent_or_tenant_spread_over_the_shards() -> None:
     assert len(by_key) == len(by_agent) == SHARDS
     assert all(key.startswith(marker_prefix(T, "agent")) for key in by_key)
     assert all(key.startswith(marker_prefix(T, None)) for key in by_agent)
+
+
+async def test_a_replica_stalled_past_its_claim_deletes_nothing_written_after_done(storage: Storage) -> None:
+    """A replica that stalls in the middle of a sweep step (a long pause, a
+    frozen VM) past its claim, while another replica finishes the operation,
+    used to go on with its step when it woke: list the scope again and delete
+    what was written after `done` — here a session opened once the marker
+    was gone. It now checks its claim between listing keys and deleting them."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    stalled_storage = _StallingStorage(storage)
+    stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=0.3)
+    for i in range(3):
+        await ledger.open(T, "doomed", f"old{i}")
+    op = await stalled.start(T, "doomed", "")
+    real_step = Eraser._step
+
+    async def stall_in_the_sweep(state, *held):  # type: ignore[no-untyped-def]
+        stalled_storage.armed = state["phase"] == "sweep"
+        await real_step(stalled, state, *held)
+
+    stalled._step = stall_in_the_sweep  # type: ignore[method-assign]
+    run = asyncio.create_task(stalled.run_pending())
+    await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
+    clock.now += 31  # its claim has expired for everyone else
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    assert await taker.run_pending() == 1
+    assert (await taker.get(T, op.name)).done
+    sid = await whole_session(ledger, "doomed", "after-done")
+    await asyncio.sleep(0.3)  # past the stalled replica's claim on its own clock too
+    stalled_storage.release.set()
+    assert await asyncio.wait_for(run, 30) == 0  # it noticed, recorded nothing
+    pages = [p async for p in ledger.read_log(T, sid)]
+    assert [data for page in pages for _, data in page] == [b"a", b"b"]
+
+
+class _StallingStorage(CountingStorage):
+    """Stalls the first list of keys made while armed until released."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.stalled, self.release = asyncio.Event(), asyncio.Event()
+
+    async def list_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        if self.armed and not self.stalled.is_set():
+            self.stalled.set()
+            await self.release.wait()
+        return await super().list_keys(*args, **kwargs)

@@ -40,12 +40,12 @@ async def test_a_replica_dying_mid_operation_leaves_it_to_another(storage: Stora
     steps = 0
     real_step = first._step
 
-    async def dies_after_three(state):  # type: ignore[no-untyped-def]
+    async def dies_after_three(state, *held):  # type: ignore[no-untyped-def]
         nonlocal steps
         steps += 1
         if steps > 3:
             raise Crash  # as kill -9: the claim stays, nothing else is written
-        await real_step(state)
+        await real_step(state, *held)
 
     first._step = dies_after_three  # type: ignore[method-assign]
     with pytest.raises(Crash):

@@ -220,13 +220,15 @@ class Eraser:
         now = self.clock()
         if claim and claim["by"] != self.replica and claim["until"] > now:
             return False  # another replica is on it
+        saved_at = time.monotonic()
         version = await self._save(item.key, item.version, state, claimed=True)
         if version is None:
             return False
         while state["phase"] != "done":
-            await self._step(state)
+            await self._step(state, self._claim_held(saved_at))
             if state["phase"] == "done" and not await self._unmark(item.key, version, state):
                 return False  # taken over: the other replica takes the marker out
+            saved_at = time.monotonic()
             version = await self._save(item.key, version, state, claimed=state["phase"] != "done")
             if version is None:
                 return False  # taken over (this replica was too slow): the other one goes on
@@ -234,6 +236,18 @@ class Eraser:
         log.info("erasure %s done: %d sessions fenced, %d items erased",
                  NAME_PREFIX + item.key[len(OPS_PREFIX):], state["fenced"], state["erased"])
         return True
+
+    def _claim_held(self, saved_at: float) -> Callable[[], bool]:
+        """False once the claim saved at `saved_at` (monotonic, taken before
+        the save was sent) is within a third of its length of expiring. The
+        sweep asks between listing keys and deleting them, and ends its step
+        early on False (the save renews the claim, or finds it taken over):
+        a replica that stalled past its claim (a pause, a frozen VM) while
+        another one finished the operation would otherwise list and delete
+        what was written after `done` (new sessions, new data). Replicas'
+        clocks are assumed to agree within that third (10 s by default)."""
+        deadline = saved_at + self.claim_seconds * 2 / 3
+        return lambda: time.monotonic() <= deadline
 
     async def _save(self, key: str, version: str, state: dict[str, object], *, claimed: bool) -> str | None:
         now = self.clock()
@@ -274,7 +288,7 @@ class Eraser:
                 return False
         raise contended("the erasure's marker")
 
-    async def _step(self, state: dict[str, object]) -> None:
+    async def _step(self, state: dict[str, object], claim_held: Callable[[], bool] = lambda: True) -> None:
         """One bounded piece of work; advances the cursor / phase."""
         tenant, agent = str(state["scope_tenant"]), state["agent"]
         if state["phase"] == "fence":
@@ -294,9 +308,16 @@ class Eraser:
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if state["phase"] == "sweep":
             if index < len(prefixes):
-                removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS)
+                in_time = True
+
+                def listed_in_time() -> bool:
+                    nonlocal in_time
+                    in_time = claim_held()
+                    return in_time
+
+                removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS, listed_in_time=listed_in_time)
                 state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
-                if removed < _STEP_KEYS:
+                if removed < _STEP_KEYS and in_time:
                     state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
                 return
             state["phase"], state["cursor"] = "directory", 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fencepost import reasons
@@ -194,5 +195,7 @@ class EraseMethods(SessionMethods):
         self.events("ledger.erased_items", removed)
         return removed
 
-    async def delete_prefix(self, prefix: str, max_keys: int | None = None) -> int:
-        return await delete_prefix(self.storage, prefix, max_keys)
+    async def delete_prefix(
+        self, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] = lambda: True
+    ) -> int:
+        return await delete_prefix(self.storage, prefix, max_keys, listed_in_time=listed_in_time)
