@@ -298,3 +298,37 @@ class _StallingStorage(CountingStorage):
             self.stalled.set()
             await self.release.wait()
         return await super().list_keys(*args, **kwargs)
+
+
+async def test_a_replica_stalled_past_its_claim_in_the_fence_erases_no_session_created_after_done(
+    storage: Storage,
+) -> None:
+    """The same stall in the fence phase: the stalled replica's step goes on
+    walking the scope when it wakes, and the first session it finds is one
+    opened after `done`. The fence checks its claim before each tombstone."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    stalled_storage = _StallingStorage(storage)
+    stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=0.3)
+    for i in range(3):
+        await ledger.open(T, "doomed", f"old{i}")
+    op = await stalled.start(T, "doomed", "")
+    real_step = Eraser._step
+
+    async def stall_in_the_fence(state, *held):  # type: ignore[no-untyped-def]
+        stalled_storage.armed = state["phase"] == "fence"
+        await real_step(stalled, state, *held)
+
+    stalled._step = stall_in_the_fence  # type: ignore[method-assign]
+    run = asyncio.create_task(stalled.run_pending())
+    await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
+    clock.now += 31
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    assert await taker.run_pending() == 1
+    assert (await taker.get(T, op.name)).done
+    sid = await whole_session(ledger, "doomed", "after-done")
+    await asyncio.sleep(0.3)
+    stalled_storage.release.set()
+    assert await asyncio.wait_for(run, 30) == 0
+    pages = [p async for p in ledger.read_log(T, sid)]
+    assert [data for page in pages for _, data in page] == [b"a", b"b"]

@@ -292,7 +292,7 @@ class Eraser:
         """One bounded piece of work; advances the cursor / phase."""
         tenant, agent = str(state["scope_tenant"]), state["agent"]
         if state["phase"] == "fence":
-            await self._fence_next(tenant, agent if isinstance(agent, str) else None, state)
+            await self._fence_next(tenant, agent if isinstance(agent, str) else None, state, claim_held)
             return
         if "prefixes" not in state:  # fixed once, so the cursor indexes the same list on every replica
             state["prefixes"] = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
@@ -373,9 +373,14 @@ class Eraser:
         state["after"], state["forgotten"], state["waited"] = names[-1], None, None
         return True
 
-    async def _fence_next(self, tenant: str, agent: str | None, state: dict[str, object]) -> None:
+    async def _fence_next(
+        self, tenant: str, agent: str | None, state: dict[str, object], claim_held: Callable[[], bool] = lambda: True,
+    ) -> None:
         """Tombstone and sweep the next session in scope (skipping every other
-        subtree with one list), or move to the sweep phase."""
+        subtree with one list), or move to the sweep phase. Like the sweep, it
+        asks `claim_held` between listing a session and tombstoning it: a
+        replica that stalled past its claim would otherwise wake, go on
+        walking the scope and erase a session opened after `done`."""
         scope = agent_root(tenant, agent) if agent is not None else TenantKeys(tenant).sys_root
         start = state["cursor"]
         for _ in range(64):  # bounded: progress is saved at least every 64 lists
@@ -388,6 +393,9 @@ class Eraser:
             if m is None:
                 start = _skip(key, scope)
                 continue
+            if not claim_held():
+                state["cursor"] = start  # the save renews the claim, or finds it taken over
+                return
             sid = m.group(2)
             try:
                 doomed = await self.ledger.tombstone(tenant, sid, force=True, descendants=True)
