@@ -120,6 +120,19 @@ async def test_list_pages_neither_skip_nor_repeat(storage: Storage) -> None:
     assert got == sorted(keys, key=lambda k: k.encode())
 
 
+async def test_list_versions_pairs_each_key_with_its_current_version(storage: Storage) -> None:
+    """What an erasure's conditional deletes are built from: the same keys as
+    list_keys, each with the version a get returns."""
+    for i in range(5):
+        await storage.put(f"lv/{i}", b"x" * 1000)
+    await storage.put("lv/2", b"again")
+    got = await storage.list_versions("lv/", "lv/0", 3)
+    assert [k for k, _ in got] == await storage.list_keys("lv/", "lv/0", 3) == ["lv/1", "lv/2", "lv/3"]
+    for key, version in got:
+        item = await storage.get(key)
+        assert item is not None and version == item.version
+
+
 async def test_list_prefix_edge_cases(storage: Storage) -> None:
     await storage.put("a", b"1")
     await storage.put("ab", b"2")

@@ -286,18 +286,26 @@ async def test_a_replica_stalled_past_its_claim_deletes_nothing_written_after_do
 
 
 class _StallingStorage(CountingStorage):
-    """Stalls the first list of keys made while armed until released."""
+    """Stalls the first list of keys (the fence's, or the sweep's with their
+    versions) made while armed until released."""
 
     def __init__(self, inner: Storage) -> None:
         super().__init__(inner)
         self.armed = False
         self.stalled, self.release = asyncio.Event(), asyncio.Event()
 
-    async def list_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+    async def _stall(self) -> None:
         if self.armed and not self.stalled.is_set():
             self.stalled.set()
             await self.release.wait()
+
+    async def list_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        await self._stall()
         return await super().list_keys(*args, **kwargs)
+
+    async def list_versions(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        await self._stall()
+        return await super().list_versions(*args, **kwargs)
 
 
 async def test_a_replica_stalled_past_its_claim_in_the_fence_erases_no_session_created_after_done(
@@ -332,3 +340,52 @@ async def test_a_replica_stalled_past_its_claim_in_the_fence_erases_no_session_c
     assert await asyncio.wait_for(run, 30) == 0
     pages = [p async for p in ledger.read_log(T, sid)]
     assert [data for page in pages for _, data in page] == [b"a", b"b"]
+
+
+async def test_a_sweep_round_sent_late_deletes_no_key_written_again_after_done(storage: Storage) -> None:
+    """A round lists in time, then its deletes go out late (a pause right
+    after the check, or a DynamoDB transaction resent after timeouts): a key
+    the operation erased and a writer put again after `done` (a KV key, a
+    journal item: their names are not random) must survive."""
+    from fencepost_server.domain.keys import TenantKeys
+
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    late = _LateDeleteStorage(storage)
+    stalled = Eraser(late, Ledger(late, clock=clock), clock=clock, claim_seconds=0.3)
+    key = TenantKeys(T).agent("doomed") + "notes/n1"
+    await storage.put(key, b"old")
+    op = await stalled.start(T, "doomed", "")
+    real_step = Eraser._step
+
+    async def late_in_the_sweep(state, *held):  # type: ignore[no-untyped-def]
+        late.armed = state["phase"] == "sweep"
+        await real_step(stalled, state, *held)
+
+    stalled._step = late_in_the_sweep  # type: ignore[method-assign]
+    run = asyncio.create_task(stalled.run_pending())
+    await asyncio.wait_for(late.stalled.wait(), 30)
+    clock.now += 31
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    assert await taker.run_pending() == 1
+    await storage.put(key, b"new")
+    await asyncio.sleep(0.3)  # the resend comes after the claim ran out on the stalled replica's clock too
+    late.release.set()
+    await asyncio.wait_for(run, 30)
+    item = await storage.get(key)
+    assert item is not None and item.value == b"new"
+
+
+class _LateDeleteStorage(CountingStorage):
+    """Holds the first delete transaction made while armed until released."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.stalled, self.release = asyncio.Event(), asyncio.Event()
+
+    async def transact(self, checks, writes, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        if self.armed and not self.stalled.is_set() and writes and all(type(w).__name__ == "Delete" for w in writes):
+            self.stalled.set()
+            await self.release.wait()
+        return await super().transact(checks, writes, *args, **kwargs)

@@ -5,32 +5,53 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..storage import MAX_TXN_OPS, Delete, Storage
+from ..storage import MAX_TXN_OPS, Delete, Expect, PersistenceUncertain, Storage
 
 _LIST = 1000  # keys listed per round; deleted in transactions of MAX_TXN_OPS, a few at once
 _PARALLEL = 4
 
 
 async def delete_prefix(
-    storage: Storage, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] = lambda: True
+    storage: Storage, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] | None = None
 ) -> int:
     """Delete every key under `prefix` (or stop once `max_keys` went: a
-    bounded step); returns how many were listed and deleted. Idempotent, and
-    safe to run on several replicas at once (each round lists from the start,
-    so a key written meanwhile is found too). `listed_in_time` is asked after
-    each list, before its deletes; False stops here: the keys a round
-    deletes were all listed before it last said True."""
+    bounded step); returns how many were deleted. Idempotent, and safe to
+    run on several replicas at once (each round lists from the start, so a
+    key written meanwhile is found too).
+
+    With `listed_in_time` (an erasure's claim), asked after each list before
+    its deletes (False stops here), each key is deleted only at the version
+    listed: a round checked in time may still go out late (a pause after the
+    check, a backend resending a request after timeouts), when another
+    replica may have finished and a writer put the same key again (KV and
+    journal names are not random). A batch whose condition fails deletes
+    nothing and is listed again by the next round, as is one whose outcome
+    is unknown (a resent conditional delete cannot tell its own earlier
+    success from a rewrite; counted as not deleted)."""
     removed = 0
     while max_keys is None or removed < max_keys:
-        keys = await storage.list_keys(prefix, None, _LIST)
-        if not keys:
+        if listed_in_time is None:
+            keys = await storage.list_keys(prefix, None, _LIST)
+            deletes = [Delete(k) for k in keys]
+        else:
+            listed = await storage.list_versions(prefix, None, _LIST)
+            deletes = [Delete(k, Expect(version=v)) for k, v in listed]
+        if not deletes:
             return removed
-        if not listed_in_time():
+        if listed_in_time is not None and not listed_in_time():
             return removed
-        batches = [keys[i:i + MAX_TXN_OPS] for i in range(0, len(keys), MAX_TXN_OPS)]
+        batches = [deletes[i:i + MAX_TXN_OPS] for i in range(0, len(deletes), MAX_TXN_OPS)]
         for i in range(0, len(batches), _PARALLEL):
-            await asyncio.gather(*(
-                storage.transact((), [Delete(k) for k in batch]) for batch in batches[i:i + _PARALLEL]
-            ))
-        removed += len(keys)
+            group = batches[i:i + _PARALLEL]
+            removed += sum(await asyncio.gather(*(_send(storage, batch, listed_in_time is not None) for batch in group)))
     return removed
+
+
+async def _send(storage: Storage, batch: list[Delete], conditional: bool) -> int:
+    try:
+        res = await storage.transact((), batch)
+    except PersistenceUncertain:
+        if not conditional:
+            raise
+        return 0
+    return len(batch) if res.applied else 0

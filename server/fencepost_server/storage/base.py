@@ -351,6 +351,13 @@ class Storage(abc.ABC):
         self, prefix: str, start_after: str | None = None, limit: int = 100
     ) -> list[str]: ...
 
+    async def list_versions(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[tuple[str, str]]:
+        """(key, version) pairs, as `list_keys` lists keys: what a delete
+        conditioned on the version listed needs (backends read no values)."""
+        return [(item.key, item.version) for item in await self.list(prefix, start_after, limit)]
+
     # -- transactions ------------------------------------------------------
     @abc.abstractmethod
     async def transact(

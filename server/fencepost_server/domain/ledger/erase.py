@@ -196,6 +196,6 @@ class EraseMethods(SessionMethods):
         return removed
 
     async def delete_prefix(
-        self, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] = lambda: True
+        self, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] | None = None
     ) -> int:
         return await delete_prefix(self.storage, prefix, max_keys, listed_in_time=listed_in_time)

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .codec import DIRECTORY_PK, ITEM_PK_PREFIX, encode_rest
-from .table import PARTITION_KEY, SORT_KEY
+from .table import PARTITION_KEY, SORT_KEY, VERSION
 
 Row = dict[str, Any]
 #: Sends one Query (keyword arguments without TableName) and returns the response.
@@ -49,6 +49,7 @@ async def query_partition(
     page: int,
     *,
     keys_only: bool,
+    versions: bool = False,
 ) -> AsyncIterator[Row]:
     """The partition's rows under `prefix` after `start_after`, in key order,
     fetched `page` at a time (lazily: nothing is sent before the first pull)."""
@@ -71,8 +72,8 @@ async def query_partition(
         "ConsistentRead": True,
         "Limit": page,
     }
-    if keys_only:
-        request["ProjectionExpression"] = f"{PARTITION_KEY}, {SORT_KEY}"
+    if keys_only:  # with `versions`: the version too (what a conditional delete needs)
+        request["ProjectionExpression"] = f"{PARTITION_KEY}, {SORT_KEY}" + (f", {VERSION}" if versions else "")
     while True:
         response = await query(request)
         for row in response.get("Items", []):

@@ -206,12 +206,19 @@ class DynamoStorage(Storage):
         rows = await self._list(prefix, start_after, limit, keys_only=True)
         return [key_from(row) for row in rows]
 
-    async def _list(self, prefix: str, start_after: str | None, limit: int, *, keys_only: bool) -> list[dict[str, Any]]:
+    async def list_versions(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+        rows = await self._list(prefix, start_after, limit, keys_only=True, versions=True)
+        return [(key_from(row), row.get(VERSION, {}).get("S", "")) for row in rows]
+
+    async def _list(
+        self, prefix: str, start_after: str | None, limit: int, *, keys_only: bool, versions: bool = False,
+    ) -> list[dict[str, Any]]:
         if limit <= 0:
             return []
 
         def partition_rows(partition: str) -> AsyncIterator[dict[str, Any]]:
-            return listing.query_partition(self._query, partition, prefix, start_after, limit, keys_only=keys_only)
+            return listing.query_partition(
+                self._query, partition, prefix, start_after, limit, keys_only=keys_only, versions=versions)
 
         only = self.codec.layout.partition_of_prefix(prefix)
         if only is not None:

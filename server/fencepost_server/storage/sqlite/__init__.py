@@ -161,6 +161,16 @@ class SqliteStorage(Storage):
 
         return await self._read(read)
 
+    async def list_versions(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+        where, args = bounds(prefix, start_after)
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+            rows = conn.execute(
+                f"SELECT key, version FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, max(limit, 0)))
+            return [(k.decode(), v) for (k, v) in rows]
+
+        return await self._read(read)
+
     # -- CAS group ---------------------------------------------------------
     async def put_if_absent(self, key: str, value: bytes) -> CasResult:
         def op(conn: sqlite3.Connection, version: Callable[[], str]) -> CasResult:
