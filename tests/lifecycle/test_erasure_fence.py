@@ -307,6 +307,11 @@ class _StallingStorage(CountingStorage):
         await self._stall()
         return await super().list_versions(*args, **kwargs)
 
+    async def put_if_version(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        if self.stalled.is_set():  # a frozen process renews no claim either
+            await self.release.wait()
+        return await super().put_if_version(*args, **kwargs)
+
 
 async def test_a_replica_stalled_past_its_claim_in_the_fence_erases_no_session_created_after_done(
     storage: Storage,
@@ -388,4 +393,48 @@ class _LateDeleteStorage(CountingStorage):
         if self.armed and not self.stalled.is_set() and writes and all(type(w).__name__ == "Delete" for w in writes):
             self.stalled.set()
             await self.release.wait()
+        return await super().transact(checks, writes, *args, **kwargs)
+
+    async def put_if_version(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        if self.stalled.is_set():  # a frozen process renews no claim either
+            await self.release.wait()
+        return await super().put_if_version(*args, **kwargs)
+
+
+async def test_a_step_longer_than_the_claim_keeps_it_and_counts_every_item(storage: Storage) -> None:
+    """A fence step sweeping a large session can take longer than the claim
+    (DynamoDB under load): the runner renews its claim while the step runs,
+    so no other replica takes the operation over mid-step and the items that
+    step deleted are counted."""
+    ledger = Ledger(storage)
+    for i in range(2):
+        await whole_session(ledger, "doomed", f"k{i}")
+    slow_storage = _SlowDeletes(storage)
+    slow = Eraser(slow_storage, Ledger(slow_storage), claim_seconds=0.6)
+    other = Eraser(storage, ledger, claim_seconds=0.6)
+    op = await slow.start(T, "doomed", "")
+    slow_storage.delay = 0.5  # each delete transaction: one step takes well over the claim
+    run = asyncio.create_task(slow.run_pending())
+    key = OPS_PREFIX + op.name.rsplit("-", 1)[1]
+    while not json.loads((await storage.get(key)).value)["claim"]:  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)
+    while not run.done():
+        assert await other.run_pending() == 0  # never taken over
+        await asyncio.sleep(0.1)
+    assert run.result() == 1
+    view = await slow.get(T, op.name)
+    assert view.done and view.sessions_fenced == 2
+    assert view.items_erased >= 2 * 2  # both sessions' records at least, none lost to a takeover
+
+
+class _SlowDeletes(CountingStorage):
+    """Delete transactions take `delay` seconds."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.delay = 0.0
+
+    async def transact(self, checks, writes, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        if self.delay and writes and all(type(w).__name__ == "Delete" for w in writes):
+            await asyncio.sleep(self.delay)
         return await super().transact(checks, writes, *args, **kwargs)

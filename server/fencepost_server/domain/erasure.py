@@ -5,7 +5,8 @@ cursor and counts. Any replica may run it: a runner claims the operation by
 a CAS on that item (a claim that expires), does one bounded step, and
 records its progress with a CAS on the version it claimed, so a replica that
 died mid-step leaves the operation to whoever claims it after the expiry,
-and two replicas never both record progress. Every step is idempotent
+and two replicas never both record progress (a step outlasting a third of
+the claim renews it meanwhile). Every step is idempotent
 (deletes, and DeleteSession's tombstone and sweep), so the step a dead
 replica was in the middle of is simply done again.
 
@@ -225,7 +226,10 @@ class Eraser:
         if version is None:
             return False
         while state["phase"] != "done":
-            await self._step(state, self._claim_held(saved_at))
+            claim = _Claim(version, saved_at + self.claim_seconds * 2 / 3)
+            if not await self._renewing(item.key, state, claim):
+                return False  # taken over mid-step
+            version = claim.version
             if state["phase"] == "done" and not await self._unmark(item.key, version, state):
                 return False  # taken over: the other replica takes the marker out
             saved_at = time.monotonic()
@@ -237,17 +241,31 @@ class Eraser:
                  NAME_PREFIX + item.key[len(OPS_PREFIX):], state["fenced"], state["erased"])
         return True
 
-    def _claim_held(self, saved_at: float) -> Callable[[], bool]:
-        """False once the claim saved at `saved_at` (monotonic, taken before
-        the save was sent) is within a third of its length of expiring. The
-        sweep asks between listing keys and deleting them, and ends its step
-        early on False (the save renews the claim, or finds it taken over):
-        a replica that stalled past its claim (a pause, a frozen VM) while
-        another one finished the operation would otherwise list and delete
-        what was written after `done` (new sessions, new data). Replicas'
-        clocks are assumed to agree within that third (10 s by default)."""
-        deadline = saved_at + self.claim_seconds * 2 / 3
-        return lambda: time.monotonic() <= deadline
+    async def _renewing(self, key: str, state: dict[str, object], claim: _Claim) -> bool:
+        """One step, renewing the claim every third of its length while the
+        step runs: a fence step sweeping a large session can outlast the
+        claim (DynamoDB under load), and another replica taking over then
+        would redo it, and the counts of what this one deleted would be lost.
+        A renewal saves the state as it was before the step (what a replica
+        taking over after a crash redoes). False when a renewal finds the
+        operation taken over: the step is cancelled."""
+        before = json.loads(_dump(state))
+        step = asyncio.ensure_future(self._step(state, claim.held))
+        try:
+            while True:
+                finished, _ = await asyncio.wait({step}, timeout=self.claim_seconds / 3)
+                if finished:
+                    step.result()  # the step's failure, if any
+                    return True
+                saved_at = time.monotonic()
+                version = await self._save(key, claim.version, before, claimed=True)
+                if version is None:
+                    return False
+                claim.version, claim.deadline = version, saved_at + self.claim_seconds * 2 / 3
+        finally:
+            if not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
 
     async def _save(self, key: str, version: str, state: dict[str, object], *, claimed: bool) -> str | None:
         now = self.clock()
@@ -428,6 +446,28 @@ class Eraser:
             buckets.append(f"{REQUEST_PREFIX}{bucket}/{enc}/")
             start = f"{REQUEST_PREFIX}{bucket}/{_END}"
         return [keys.root, *ledger_index, *sorted(buckets)]
+
+
+class _Claim:
+    """The claim a step runs under: the record's version, and the monotonic
+    time until which the step may go on deleting. `held` is False from
+    within a third of the claim's length of its expiry (the deadline is taken
+    before the save that claimed or renewed it was sent). The sweep asks
+    between listing keys and deleting them, the fence between listing a
+    session and tombstoning it, and each ends its step early on False (the
+    save renews the claim, or finds it taken over): a replica that stalled
+    past its claim (a pause, a frozen VM) while another one finished the
+    operation would otherwise list and delete what was written after `done`
+    (new sessions, new data). Replicas' clocks are assumed to agree within
+    that third (10 s by default)."""
+
+    __slots__ = ("version", "deadline")
+
+    def __init__(self, version: str, deadline: float) -> None:
+        self.version, self.deadline = version, deadline
+
+    def held(self) -> bool:
+        return time.monotonic() <= self.deadline
 
 
 def _skip(key: str, scope: str) -> str:
