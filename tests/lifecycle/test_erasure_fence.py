@@ -438,3 +438,28 @@ class _SlowDeletes(CountingStorage):
         if self.delay and writes and all(type(w).__name__ == "Delete" for w in writes):
             await asyncio.sleep(self.delay)
         return await super().transact(checks, writes, *args, **kwargs)
+
+
+async def test_a_marker_naming_a_finished_or_unrecorded_operation_is_taken_out(storage: Storage) -> None:
+    """A store restored from a logical read of a live table can hold a marker
+    read before its operation finished and the record read after (or no
+    record): such a marker refused every session of its scope forever. A
+    running operation's marker stays."""
+    ledger = Ledger(storage)
+    eraser = Eraser(storage, ledger)
+    finished = await eraser.start(T, "restored", "")
+    await eraser.run_pending()
+    stale = await storage.list(marker_prefix(T, "restored"), None, 100)
+    assert stale == []
+    done_id, missing_id = finished.name.rsplit("-", 1)[1], "0" * 32
+    for key in [f"{marker_prefix(T, 'restored')}{n:02x}" for n in range(SHARDS)]:
+        await storage.put(key, json.dumps({"ops": [done_id]}).encode())
+    for key in [f"{marker_prefix(T, None)}{n:02x}" for n in range(SHARDS)]:
+        await storage.put(key, json.dumps({"ops": [missing_id]}).encode())
+    running = await eraser.start(T, "running", "")
+    with pytest.raises(FailedPrecondition):
+        await ledger.open(T, "restored", "k")
+    assert await Eraser(storage, ledger).forget_stale_markers() == 2 * SHARDS
+    await whole_session(ledger, "restored", "k")
+    await refused(ledger.open(T, "running", "k"), running)
+    assert await Eraser(storage, ledger).forget_stale_markers() == 0

@@ -58,7 +58,15 @@ from .errors import InvalidArgument, NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys, check_erasable_agent
 from .ledger import Ledger
 from .ledger.core import contended
-from .ledger.erasing import OPERATION_NAME_PREFIX, SHARDS, marker_keys, marker_ops, marker_prefix, marker_value
+from .ledger.erasing import (
+    ERASING_PREFIX,
+    OPERATION_NAME_PREFIX,
+    SHARDS,
+    marker_keys,
+    marker_ops,
+    marker_prefix,
+    marker_value,
+)
 from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
 from .throttled_log import ThrottledWarning
 
@@ -190,6 +198,7 @@ class Eraser:
         every `poll_seconds` (None: only when this replica starts one), and at
         once when this replica starts one."""
         warning = ThrottledWarning(log, "erasure pass")
+        stale_markers = True
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
@@ -197,10 +206,43 @@ class Eraser:
                 pass
             self._wake.clear()
             try:
+                if stale_markers:
+                    await self.forget_stale_markers()
+                    stale_markers = False
                 await self.run_pending()
                 warning.ok()
             except Exception as exc:  # an outage: try again next round
                 warning.failed(exc)
+
+    async def forget_stale_markers(self) -> int:
+        """Take out of the erasure markers every operation id whose record is
+        done or missing; returns how many shards changed. On a store written
+        only by servers there is none: one transaction writes an operation
+        and its id, and the id goes before `done` is saved. A store restored
+        or migrated from a logical read of a live DynamoDB table (not
+        quiesced) can hold a marker read before its operation finished and
+        the record read after: that marker would refuse every session of the
+        scope forever. Each change is conditioned on the shard as read (an
+        operation moving it meanwhile is left to itself). Once per start."""
+        changed, start, known = 0, None, {}  # type: ignore[var-annotated]
+        while True:
+            items = await self.storage.list(ERASING_PREFIX, start, 256)
+            for item in items:
+                ops = marker_ops(item)
+                for op in ops:
+                    if op not in known:
+                        record = await self.storage.get(OPS_PREFIX + op) if _ID.fullmatch(op) else None
+                        known[op] = record is not None and json.loads(record.value)["phase"] != "done"
+                rest = [op for op in ops if known[op]]
+                if rest != ops:
+                    expect = _unchanged(item)
+                    write = Put(item.key, marker_value(rest), expect) if rest else Delete(item.key, expect)
+                    changed += (await self.storage.transact((), [write])).applied
+            if len(items) < 256:
+                if changed:
+                    log.warning("erasure markers: %d shard(s) named finished or unrecorded operations", changed)
+                return changed
+            start = items[-1].key
 
     async def run_pending(self) -> int:
         """Run every unfinished operation this replica can claim to the end;

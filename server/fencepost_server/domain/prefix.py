@@ -43,7 +43,8 @@ async def delete_prefix(
         batches = [deletes[i:i + MAX_TXN_OPS] for i in range(0, len(deletes), MAX_TXN_OPS)]
         for i in range(0, len(batches), _PARALLEL):
             group = batches[i:i + _PARALLEL]
-            removed += sum(await asyncio.gather(*(_send(storage, batch, listed_in_time is not None) for batch in group)))
+            conditional = listed_in_time is not None
+            removed += sum(await asyncio.gather(*(_send(storage, batch, conditional) for batch in group)))
     return removed
 
 

@@ -55,7 +55,9 @@ class ObservedStorage(Storage):
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
         return await self._observe("list_keys", self.inner.list_keys(prefix, start_after, limit))
 
-    async def list_versions(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+    async def list_versions(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[tuple[str, str]]:
         return await self._observe("list_versions", self.inner.list_versions(prefix, start_after, limit))
 
     async def put_if_absent(self, key: str, value: bytes) -> CasResult:

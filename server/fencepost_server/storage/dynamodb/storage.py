@@ -206,7 +206,9 @@ class DynamoStorage(Storage):
         rows = await self._list(prefix, start_after, limit, keys_only=True)
         return [key_from(row) for row in rows]
 
-    async def list_versions(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+    async def list_versions(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[tuple[str, str]]:
         rows = await self._list(prefix, start_after, limit, keys_only=True, versions=True)
         return [(key_from(row), row.get(VERSION, {}).get("S", "")) for row in rows]
 

@@ -161,7 +161,9 @@ class SqliteStorage(Storage):
 
         return await self._read(read)
 
-    async def list_versions(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+    async def list_versions(
+        self, prefix: str, start_after: str | None = None, limit: int = 100
+    ) -> list[tuple[str, str]]:
         where, args = bounds(prefix, start_after)
 
         def read(conn: sqlite3.Connection) -> list[tuple[str, str]]:
