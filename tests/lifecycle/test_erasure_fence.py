@@ -463,3 +463,33 @@ async def test_a_marker_naming_a_finished_or_unrecorded_operation_is_taken_out(s
     await whole_session(ledger, "restored", "k")
     await refused(ledger.open(T, "running", "k"), running)
     assert await Eraser(storage, ledger).forget_stale_markers() == 0
+
+
+async def test_a_stall_the_monotonic_clock_did_not_count_still_ends_the_claim(storage: Storage) -> None:
+    """Linux's monotonic clock does not advance while the machine is
+    suspended (and a paused VM's may not either), but the other replicas'
+    clocks, by which the claim expires, do: the claim is held only while
+    both the monotonic clock and the operation's own clock say so."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    stalled_storage = _StallingStorage(storage)
+    stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=30)
+    for i in range(3):
+        await ledger.open(T, "doomed", f"old{i}")
+    op = await stalled.start(T, "doomed", "")
+    real_step = Eraser._step
+
+    async def stall_in_the_fence(state, *held):  # type: ignore[no-untyped-def]
+        stalled_storage.armed = state["phase"] == "fence"
+        await real_step(stalled, state, *held)
+
+    stalled._step = stall_in_the_fence  # type: ignore[method-assign]
+    run = asyncio.create_task(stalled.run_pending())
+    await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
+    clock.now += 31  # a suspended machine: no monotonic time passed
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    assert await taker.run_pending() == 1
+    sid = await whole_session(ledger, "doomed", "after-done")
+    stalled_storage.release.set()
+    assert await asyncio.wait_for(run, 30) == 0
+    assert (await ledger.get(T, sid)).seq == 2

@@ -268,7 +268,7 @@ class Eraser:
         if version is None:
             return False
         while state["phase"] != "done":
-            claim = _Claim(version, saved_at + self.claim_seconds * 2 / 3)
+            claim = self._claim(version, saved_at, state)
             if not await self._renewing(item.key, state, claim):
                 return False  # taken over mid-step
             version = claim.version
@@ -282,6 +282,13 @@ class Eraser:
         log.info("erasure %s done: %d sessions fenced, %d items erased",
                  NAME_PREFIX + item.key[len(OPS_PREFIX):], state["fenced"], state["erased"])
         return True
+
+    def _claim(self, version: str, saved_at: float, state: dict[str, object]) -> _Claim:
+        """The claim just saved in `state` (at `version`; `saved_at`: monotonic,
+        taken before the save was sent)."""
+        until = float(state["claim"]["until"])  # type: ignore[index]
+        third = self.claim_seconds / 3
+        return _Claim(version, saved_at + 2 * third, until - third, self.clock)
 
     async def _renewing(self, key: str, state: dict[str, object], claim: _Claim) -> bool:
         """One step, renewing the claim every third of its length while the
@@ -303,7 +310,8 @@ class Eraser:
                 version = await self._save(key, claim.version, before, claimed=True)
                 if version is None:
                     return False
-                claim.version, claim.deadline = version, saved_at + self.claim_seconds * 2 / 3
+                renewed = self._claim(version, saved_at, before)
+                claim.version, claim.deadline, claim.until = renewed.version, renewed.deadline, renewed.until
         finally:
             if not step.done():
                 step.cancel()
@@ -491,10 +499,12 @@ class Eraser:
 
 
 class _Claim:
-    """The claim a step runs under: the record's version, and the monotonic
-    time until which the step may go on deleting. `held` is False from
-    within a third of the claim's length of its expiry (the deadline is taken
-    before the save that claimed or renewed it was sent). The sweep asks
+    """The claim a step runs under: the record's version, and until when the
+    step may go on deleting. `held` is False from within a third of the
+    claim's length of its expiry, by the monotonic clock (from before the
+    save that claimed or renewed it was sent) and by the operation's clock,
+    by which other replicas see it expire: Linux's monotonic clock does not
+    count a suspended machine (nor, on some hypervisors, a paused VM). The sweep asks
     between listing keys and deleting them, the fence between listing a
     session and tombstoning it, and each ends its step early on False (the
     save renews the claim, or finds it taken over): a replica that stalled
@@ -503,13 +513,13 @@ class _Claim:
     (new sessions, new data). Replicas' clocks are assumed to agree within
     that third (10 s by default)."""
 
-    __slots__ = ("version", "deadline")
+    __slots__ = ("version", "deadline", "until", "clock")
 
-    def __init__(self, version: str, deadline: float) -> None:
-        self.version, self.deadline = version, deadline
+    def __init__(self, version: str, deadline: float, until: float, clock: Callable[[], float]) -> None:
+        self.version, self.deadline, self.until, self.clock = version, deadline, until, clock
 
     def held(self) -> bool:
-        return time.monotonic() <= self.deadline
+        return time.monotonic() <= self.deadline and self.clock() <= self.until
 
 
 def _skip(key: str, scope: str) -> str:
