@@ -493,3 +493,44 @@ async def test_a_stall_the_monotonic_clock_did_not_count_still_ends_the_claim(st
     stalled_storage.release.set()
     assert await asyncio.wait_for(run, 30) == 0
     assert (await ledger.get(T, sid)).seq == 2
+
+
+async def test_a_replica_stalled_past_its_claim_forgets_no_request_id_marker_after_done(storage: Storage) -> None:
+    """A tenant erasure's first sweep step drops the request-id markers kept
+    with the tenant's items (SQLite) before it deletes them; a replica that
+    stalled just before, past its claim, would drop those of writes made
+    after `done` (a retry of one would apply again)."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    stalled_storage = _ForgetSpy(storage)
+    stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=0.3)
+    await ledger.open(T, "a1", "old")
+    op = await stalled.start(T, None, "")
+    real_step = Eraser._step
+
+    async def stall_in_the_sweep(state, *held):  # type: ignore[no-untyped-def]
+        stalled_storage.armed = state["phase"] == "sweep"
+        await real_step(stalled, state, *held)
+
+    stalled._step = stall_in_the_sweep  # type: ignore[method-assign]
+    run = asyncio.create_task(stalled.run_pending())
+    await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
+    clock.now += 31
+    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
+    assert await taker.run_pending() == 1
+    assert (await taker.get(T, op.name)).done
+    await asyncio.sleep(0.3)
+    stalled_storage.release.set()
+    assert await asyncio.wait_for(run, 30) == 0
+    assert stalled_storage.forgotten_after_release == 0
+
+
+class _ForgetSpy(_StallingStorage):
+    """Counts the markers forgotten once released."""
+
+    forgotten_after_release = 0
+
+    async def forget_markers(self, prefix: str) -> None:
+        if self.release.is_set():
+            self.forgotten_after_release += 1
+        await self.inner.forget_markers(prefix)

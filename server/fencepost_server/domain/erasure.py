@@ -363,7 +363,10 @@ class Eraser:
             await self._fence_next(tenant, agent if isinstance(agent, str) else None, state, claim_held)
             return
         if "prefixes" not in state:  # fixed once, so the cursor indexes the same list on every replica
-            state["prefixes"] = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
+            prefixes = await self._prefixes(tenant, agent if isinstance(agent, str) else None)
+            if not claim_held():
+                return  # listed late: forgetting markers now could reach writes made after `done`
+            state["prefixes"] = prefixes
             # Request-id markers kept with the doomed items (SQLite) become items of
             # their own when the items go, as every backend keeps them. A tenant's go
             # too: forgotten here, since the marker buckets to sweep are already listed.
