@@ -507,9 +507,9 @@ class _Claim:
     claim's length of its expiry, by the monotonic clock (from before the
     save that claimed or renewed it was sent) and by the operation's clock,
     by which other replicas see it expire: Linux's monotonic clock does not
-    count a suspended machine (nor, on some hypervisors, a paused VM). The sweep asks
-    between listing keys and deleting them, the fence between listing a
-    session and tombstoning it, and each ends its step early on False (the
+    count a suspended machine (nor, on some hypervisors, a paused VM). The
+    sweep asks between listing keys and deleting them, the fence between
+    listing a session and tombstoning it, and each ends its step early on False (the
     save renews the claim, or finds it taken over): a replica that stalled
     past its claim (a pause, a frozen VM) while another one finished the
     operation would otherwise list and delete what was written after `done`
