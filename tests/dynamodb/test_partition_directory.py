@@ -5,6 +5,8 @@ lists (directory.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -196,3 +198,47 @@ def test_the_wait_follows_the_url() -> None:
     assert DynamoStorage.from_params("t", {"region": REGION}).partition_settle_seconds == 37.0
     with pytest.raises(ValueError):
         DynamoStorage.from_params("t", {"partition_cache_ttl": "-1"})
+
+
+async def test_rows_are_removed_only_while_the_claim_is_held() -> None:
+    """The save recording a batch of names can return late (a DynamoDB
+    request resent after timeouts, a pause): removing the rows then, past
+    the claim, could remove those of partitions another replica's finished
+    erasure left to new data, with no settle to follow (this replica's next
+    save fails). The claim is checked first, as before every delete."""
+    b = await new_dynamo_storage(partition_cache_ttl=0.3, in_flight_seconds=0.1)
+    try:
+        slow = _LateNamesSave(b)
+        ledger = Ledger(b)
+        await ledger.open(T, "doomed", "k")
+        eraser = Eraser(slow, Ledger(slow), claim_seconds=0.6)
+        await eraser.start(T, "doomed", "")
+        assert await eraser.run_pending() == 1
+        assert slow.forgets and slow.late_save
+        for sent, forgot in slow.forgets:
+            assert forgot - sent <= 0.6 * 2 / 3, "rows removed past the claim"
+    finally:
+        await b.close()
+
+
+class _LateNamesSave(ObservedStorage):
+    """The save recording a batch of partition names returns past the claim."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.late_save = False
+        self.last_save_sent = 0.0
+        self.forgets: list[tuple[float, float]] = []
+
+    async def put_if_version(self, key: str, value: bytes, expected: str):  # type: ignore[no-untyped-def,override]
+        self.last_save_sent = time.monotonic()
+        res = await self.inner.put_if_version(key, value, expected)
+        state = json.loads(value)
+        if not self.late_save and isinstance(state.get("forgotten"), list) and state.get("waited") is None:
+            self.late_save = True
+            await asyncio.sleep(0.5)
+        return res
+
+    async def forget_partitions(self, names: Sequence[str]) -> None:  # type: ignore[override]
+        self.forgets.append((self.last_save_sent, time.monotonic()))
+        await self.inner.forget_partitions(names)

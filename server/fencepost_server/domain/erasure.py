@@ -393,7 +393,7 @@ class Eraser:
                 return
             state["phase"], state["cursor"] = "directory", 0
             return
-        if await self._directory_step(prefixes, state):
+        if await self._directory_step(prefixes, state, claim_held):
             return
         # done: the record keeps no name of what it erased (the tenant's hash authorizes reads)
         state["phase"], state["cursor"] = "done", None
@@ -402,7 +402,9 @@ class Eraser:
         if isinstance(agent, str):
             state["agent"], state["agent_hash"] = None, _digest(agent)
 
-    async def _directory_step(self, prefixes: list[str], state: dict[str, object]) -> bool:
+    async def _directory_step(
+        self, prefixes: list[str], state: dict[str, object], claim_held: Callable[[], bool] = lambda: True,
+    ) -> bool:
         """One step of the directory phase (see the module's docstring);
         False once every prefix is done."""
         names = state.get("forgotten")
@@ -428,6 +430,8 @@ class Eraser:
             state["forgotten"], state["waited"] = names, None
             return True
         if state.get("waited") is None:
+            if not claim_held():
+                return True  # past the claim, another replica may have settled these names already
             await self.storage.forget_partitions(names)
             state["waited"] = 0.0
             return True
