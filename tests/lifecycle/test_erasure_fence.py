@@ -534,3 +534,33 @@ class _ForgetSpy(_StallingStorage):
         if self.release.is_set():
             self.forgotten_after_release += 1
         await self.inner.forget_markers(prefix)
+
+
+async def test_a_sweep_round_that_deletes_nothing_ends_the_step_without_moving_on(storage: Storage) -> None:
+    """Keys rewritten between the sweep's list and its conditional deletes
+    fail every batch: the round used to list and try again at once, a busy
+    loop against the backend for as long as the writer kept up. It now ends
+    the step; the prefix is not passed over while keys remain under it."""
+    from fencepost_server.domain.prefix import erase_prefix
+
+    for i in range(5):
+        await storage.put(f"{T}/hot/k{i}", b"v")
+    rounds = 0
+
+    async def rewritten(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal rounds
+        rounds += 1
+        listed = await real_list(*args, **kwargs)
+        for key, _ in listed:
+            await storage.put(key, b"again")  # a writer racing the sweep
+        return listed
+
+    real_list = storage.list_versions
+    storage.list_versions = rewritten  # type: ignore[method-assign]
+    try:
+        removed, emptied = await asyncio.wait_for(erase_prefix(storage, f"{T}/hot/", 10_000, lambda: True), 10)
+    finally:
+        del storage.list_versions
+    assert (removed, emptied, rounds) == (0, False, 1)
+    assert len(await storage.list_keys(f"{T}/hot/")) == 5
+    assert await erase_prefix(storage, f"{T}/hot/", 10_000, lambda: True) == (5, True)

@@ -379,16 +379,9 @@ class Eraser:
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if state["phase"] == "sweep":
             if index < len(prefixes):
-                in_time = True
-
-                def listed_in_time() -> bool:
-                    nonlocal in_time
-                    in_time = claim_held()
-                    return in_time
-
-                removed = await self.ledger.delete_prefix(prefixes[index], _STEP_KEYS, listed_in_time=listed_in_time)
+                removed, emptied = await self.ledger.erase_prefix(prefixes[index], _STEP_KEYS, claim_held)
                 state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
-                if removed < _STEP_KEYS and in_time:
+                if emptied:
                     state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
                 return
             state["phase"], state["cursor"] = "directory", 0

@@ -37,7 +37,7 @@ from fencepost import reasons
 
 from ...storage import Check, Delete, Expect, Put, Write
 from ..errors import FailedPrecondition
-from ..prefix import delete_prefix
+from ..prefix import delete_prefix, erase_prefix
 from .core import contended
 from .layout import (
     Meta,
@@ -195,7 +195,8 @@ class EraseMethods(SessionMethods):
         self.events("ledger.erased_items", removed)
         return removed
 
-    async def delete_prefix(
-        self, prefix: str, max_keys: int | None = None, *, listed_in_time: Callable[[], bool] | None = None
-    ) -> int:
-        return await delete_prefix(self.storage, prefix, max_keys, listed_in_time=listed_in_time)
+    async def delete_prefix(self, prefix: str, max_keys: int | None = None) -> int:
+        return await delete_prefix(self.storage, prefix, max_keys)
+
+    async def erase_prefix(self, prefix: str, max_keys: int, listed_in_time: Callable[[], bool]) -> tuple[int, bool]:
+        return await erase_prefix(self.storage, prefix, max_keys, listed_in_time)
