@@ -251,12 +251,15 @@ def test_creations_of_one_agent_or_tenant_spread_over_the_shards() -> None:
     assert all(key.startswith(marker_prefix(T, None)) for key in by_agent)
 
 
-async def test_a_replica_stalled_past_its_claim_deletes_nothing_written_after_done(storage: Storage) -> None:
-    """A replica that stalls in the middle of a sweep step (a long pause, a
-    frozen VM) past its claim, while another replica finishes the operation,
-    used to go on with its step when it woke: list the scope again and delete
-    what was written after `done` — here a session opened once the marker
-    was gone. It now checks its claim between listing keys and deleting them."""
+@pytest.mark.parametrize("phase", ["fence", "sweep"])
+async def test_a_replica_stalled_past_its_claim_deletes_nothing_written_after_done(
+    storage: Storage, phase: str,
+) -> None:
+    """A replica that stalls in the middle of a step (a long pause, a frozen
+    VM) past its claim, while another replica finishes the operation, used to
+    go on with its step when it woke: walk the scope (fence) or list it again
+    (sweep) and erase what was written after `done` — here a session opened
+    once the marker was gone. Both check the claim between listing and erasing."""
     clock = FakeClock()
     ledger = Ledger(storage, clock=clock)
     stalled_storage = _StallingStorage(storage)
@@ -266,11 +269,11 @@ async def test_a_replica_stalled_past_its_claim_deletes_nothing_written_after_do
     op = await stalled.start(T, "doomed", "")
     real_step = Eraser._step
 
-    async def stall_in_the_sweep(state, *held):  # type: ignore[no-untyped-def]
-        stalled_storage.armed = state["phase"] == "sweep"
+    async def stall_in_the_phase(state, *held):  # type: ignore[no-untyped-def]
+        stalled_storage.armed = state["phase"] == phase
         await real_step(stalled, state, *held)
 
-    stalled._step = stall_in_the_sweep  # type: ignore[method-assign]
+    stalled._step = stall_in_the_phase  # type: ignore[method-assign]
     run = asyncio.create_task(stalled.run_pending())
     await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
     clock.now += 31  # its claim has expired for everyone else
@@ -313,38 +316,6 @@ class _StallingStorage(CountingStorage):
         return await super().put_if_version(*args, **kwargs)
 
 
-async def test_a_replica_stalled_past_its_claim_in_the_fence_erases_no_session_created_after_done(
-    storage: Storage,
-) -> None:
-    """The same stall in the fence phase: the stalled replica's step goes on
-    walking the scope when it wakes, and the first session it finds is one
-    opened after `done`. The fence checks its claim before each tombstone."""
-    clock = FakeClock()
-    ledger = Ledger(storage, clock=clock)
-    stalled_storage = _StallingStorage(storage)
-    stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=0.3)
-    for i in range(3):
-        await ledger.open(T, "doomed", f"old{i}")
-    op = await stalled.start(T, "doomed", "")
-    real_step = Eraser._step
-
-    async def stall_in_the_fence(state, *held):  # type: ignore[no-untyped-def]
-        stalled_storage.armed = state["phase"] == "fence"
-        await real_step(stalled, state, *held)
-
-    stalled._step = stall_in_the_fence  # type: ignore[method-assign]
-    run = asyncio.create_task(stalled.run_pending())
-    await asyncio.wait_for(stalled_storage.stalled.wait(), 30)
-    clock.now += 31
-    taker = Eraser(storage, ledger, clock=clock, claim_seconds=30)
-    assert await taker.run_pending() == 1
-    assert (await taker.get(T, op.name)).done
-    sid = await whole_session(ledger, "doomed", "after-done")
-    await asyncio.sleep(0.3)
-    stalled_storage.release.set()
-    assert await asyncio.wait_for(run, 30) == 0
-    pages = [p async for p in ledger.read_log(T, sid)]
-    assert [data for page in pages for _, data in page] == [b"a", b"b"]
 
 
 async def test_a_sweep_round_sent_late_deletes_no_key_written_again_after_done(storage: Storage) -> None:
