@@ -53,11 +53,11 @@ from fencepost import reasons
 
 from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .erasure_steps import EraseSteps
-from .erasure_steps import digest as _digest
 from .errors import InvalidArgument, NotFound
 from .keys import GLOBAL_PREFIX, check_erasable_agent
 from .ledger import Ledger
 from .ledger.core import contended
+from .ledger.layout import digest
 from .ledger.erasing import (
     ERASING_PREFIX,
     OPERATION_NAME_PREFIX,
@@ -144,11 +144,11 @@ class Eraser(EraseSteps):
             raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
                                   field="request_id")
         seed = _op_seed(tenant, agent, request_id) if request_id else uuid.uuid4().hex
-        op_id = _digest(seed)[:32]
+        op_id = digest(seed)[:32]
         now = self.clock()
         marker = marker_prefix(tenant, agent)
         state: dict[str, object] = {
-            "tenant": _digest(tenant), "scope_tenant": tenant, "agent": agent, "phase": "fence",
+            "tenant": digest(tenant), "scope_tenant": tenant, "agent": agent, "phase": "fence",
             "cursor": None, "fenced": 0, "erased": 0, "created": now, "updated": now, "claim": None,
             "marker": marker,
         }
@@ -177,7 +177,7 @@ class Eraser(EraseSteps):
         op_id = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
         item = await self.storage.get(OPS_PREFIX + op_id) if _ID.fullmatch(op_id) else None
         state = json.loads(item.value) if item is not None else None
-        if state is None or state["tenant"] != _digest(tenant):
+        if state is None or state["tenant"] != digest(tenant):
             raise NotFound(reasons.OPERATION_NOT_FOUND, f"no operation {name!r}", {"name": name})
         return _view(op_id, state)
 

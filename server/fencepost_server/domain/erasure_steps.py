@@ -7,7 +7,6 @@ so a replica that stalled past its claim deletes nothing written after
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -18,7 +17,8 @@ from ..storage import Storage
 from .errors import NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys
 from .ledger import Ledger
-from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root
+from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root, digest
+from .prefix import erase_prefix
 
 log = logging.getLogger("fencepost.erasure")
 
@@ -28,10 +28,6 @@ _SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
 _STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class EraseSteps:
@@ -64,7 +60,7 @@ class EraseSteps:
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if state["phase"] == "sweep":
             if index < len(prefixes):
-                removed, emptied = await self.ledger.erase_prefix(prefixes[index], _STEP_KEYS, claim_held)
+                removed, emptied = await erase_prefix(self.storage, prefixes[index], _STEP_KEYS, claim_held)
                 state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
                 if emptied:
                     state["cursor"] = index + 1  # else: more under this prefix, the next step goes on

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from fencepost import reasons
 
 from ...storage import Check, Delete, Expect, Put, Write
 from ..errors import FailedPrecondition
-from ..prefix import delete_prefix, erase_prefix
+from ..prefix import delete_prefix
 from .core import contended
 from .layout import (
     Meta,
@@ -197,6 +196,3 @@ class EraseMethods(SessionMethods):
 
     async def delete_prefix(self, prefix: str, max_keys: int | None = None) -> int:
         return await delete_prefix(self.storage, prefix, max_keys)
-
-    async def erase_prefix(self, prefix: str, max_keys: int, listed_in_time: Callable[[], bool]) -> tuple[int, bool]:
-        return await erase_prefix(self.storage, prefix, max_keys, listed_in_time)

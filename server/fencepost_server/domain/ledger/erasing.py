@@ -35,13 +35,13 @@ partitions by tenant.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from fencepost import reasons
 
 from ...storage import Check, Expect, Item, TxnResult
 from ..errors import FailedPrecondition
+from .layout import digest
 
 ERASING_PREFIX = "#/erasing/"
 OPERATION_NAME_PREFIX = "operations/erase-"
@@ -54,14 +54,10 @@ SHARDS = 64
 _ABSENT = Expect(exists=False)
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def marker_prefix(tenant: str, agent: str | None) -> str:
     """The marker's shards of an agent's scope, or (agent None) of the whole tenant's."""
-    scope = _digest(tenant)
-    return f"{ERASING_PREFIX}{scope[:2]}/{scope}/{'*' if agent is None else _digest(agent)}/"
+    scope = digest(tenant)
+    return f"{ERASING_PREFIX}{scope[:2]}/{scope}/{'*' if agent is None else digest(agent)}/"
 
 
 def marker_keys(tenant: str, agent: str | None) -> list[str]:
@@ -73,7 +69,7 @@ def creation_checks(tenant: str, agent: str, session_key: str) -> list[Check]:
     """The checks a session-creating transaction carries (two indexes, in this
     order): the shard of the agent's and of the tenant's marker that the
     session's (agent, session_key) picks."""
-    shard = f"{int(_digest(agent + chr(0) + session_key)[:8], 16) % SHARDS:02x}"
+    shard = f"{int(digest(agent + chr(0) + session_key)[:8], 16) % SHARDS:02x}"
     return [
         Check(marker_prefix(tenant, agent) + shard, _ABSENT),
         Check(marker_prefix(tenant, None) + shard, _ABSENT),
