@@ -61,7 +61,8 @@ class JournalMethods:
         req = journal_pb2.AppendTurnRequest(
             agent=agent, record=pb, request_id=request_id if request_id is not None else new_request_id()
         )
-        return (await self._caller.call(self._journal.AppendTurn, req, safe=True, **opts)).record_id
+        # without its request id (`request_id=""`) a resend could journal it twice
+        return (await self._caller.call(self._journal.AppendTurn, req, safe=bool(req.request_id), **opts)).record_id
 
     async def read_journal(self, agent: str, **opts: Any) -> JournalContent | None:
         """The agent's live journal (flush-on-read: every append acked before
@@ -118,7 +119,9 @@ class JournalMethods:
             req.request_id = request_id if request_id is not None else new_request_id()
         elif call == "memory.read":
             req.memory_read.CopyFrom(store_api_pb2.MemoryReadPayload(agent=payload["agent"]))
-        res = await self._caller.call(self._store_api.Call, req, safe=True, **opts)
+        # memory.append is resent only with its request id (as AppendTurn); memory.read is a read
+        safe = call != "memory.append" or bool(req.request_id)
+        res = await self._caller.call(self._store_api.Call, req, safe=safe, **opts)
         out: dict[str, Any] = {"v": res.v, "ok": res.ok}
         if res.WhichOneof("result") == "memory_append":
             out["recordId"] = res.memory_append.record_id

@@ -31,6 +31,13 @@ def _rid(request_id: str | None) -> str:
     return request_id if request_id is not None else new_request_id()
 
 
+def _resendable(request_id: str) -> bool:
+    """A write sent without its request id (`request_id=""`) is never resent:
+    its first attempt may have applied (a second Append would store the fact
+    twice; the others would answer against the caller's own write)."""
+    return bool(request_id)
+
+
 def _timestamp(when: datetime) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromDatetime(when)
@@ -74,7 +81,7 @@ class MemoryMethods:
             struct = struct_pb2.Struct()
             struct.update(dict(metadata))
             req.metadata.CopyFrom(struct)
-        res = await self._caller.call(self._memory.Append, req, safe=True, **opts)
+        res = await self._caller.call(self._memory.Append, req, safe=_resendable(req.request_id), **opts)
         return res.entry
 
     async def memory_list(
@@ -113,7 +120,7 @@ class MemoryMethods:
     async def memory_forget(self, agent_id: str, entry_id: str, *, request_id: str | None = None, **opts: Any) -> bool:
         """Tombstone a live entry; False when there is none."""
         req = pb.MemoryServiceForgetRequest(agent_id=agent_id, id=entry_id, request_id=_rid(request_id))
-        return (await self._caller.call(self._memory.Forget, req, safe=True, **opts)).forgotten
+        return (await self._caller.call(self._memory.Forget, req, safe=_resendable(req.request_id), **opts)).forgotten
 
     async def memory_audit(
         self, agent_id: str, *, page_size: int = 0, page_token: str = "", **opts: Any
@@ -129,18 +136,18 @@ class MemoryMethods:
         req = pb.MemoryServiceReassertTrustRequest(
             agent_id=agent_id, id=entry_id, trust=TRUST[trust], request_id=_rid(request_id)
         )
-        return (await self._caller.call(self._memory.ReassertTrust, req, safe=True, **opts)).found
+        return (await self._caller.call(self._memory.ReassertTrust, req, safe=_resendable(req.request_id), **opts)).found
 
     async def memory_pin(
         self, agent_id: str, entry_id: str, *, request_id: str | None = None, **opts: Any
     ) -> pb.MemoryServicePinResponse:
         """Pin an entry; a refusal is `pinned = False` with a `reason`."""
         req = pb.MemoryServicePinRequest(agent_id=agent_id, id=entry_id, request_id=_rid(request_id))
-        return await self._caller.call(self._memory.Pin, req, safe=True, **opts)
+        return await self._caller.call(self._memory.Pin, req, safe=_resendable(req.request_id), **opts)
 
     async def memory_unpin(self, agent_id: str, entry_id: str, *, request_id: str | None = None, **opts: Any) -> bool:
         req = pb.MemoryServiceUnpinRequest(agent_id=agent_id, id=entry_id, request_id=_rid(request_id))
-        return (await self._caller.call(self._memory.Unpin, req, safe=True, **opts)).unpinned
+        return (await self._caller.call(self._memory.Unpin, req, safe=_resendable(req.request_id), **opts)).unpinned
 
     async def memory_pinned(
         self, agent_id: str, *, allocated: bool = False, **opts: Any
