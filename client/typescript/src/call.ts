@@ -2,7 +2,9 @@
 // retries of UNAVAILABLE only for safe calls (the Python SDK's rules,
 // client/fencepost/_call.py): reads, and writes that carry a request id
 // (the client fills one in), so a retried write applies once.
-import { CallOptions as GrpcCallOptions, ClientUnaryCall, Metadata, ServiceError, status } from "@grpc/grpc-js";
+import {
+  CallOptions as GrpcCallOptions, ClientReadableStream, ClientUnaryCall, Metadata, ServiceError, status,
+} from "@grpc/grpc-js";
 
 import { FencepostError, fromServiceError } from "./errors";
 
@@ -42,6 +44,22 @@ export type UnaryMethod<Req, Res> = (
   options: Partial<GrpcCallOptions>,
   callback: (error: ServiceError | null, response: Res) => void,
 ) => ClientUnaryCall;
+
+/** A generated server-streaming method, bound to its client. */
+export type StreamMethod<Req, Res> = (
+  request: Req,
+  metadata: Metadata,
+  options?: Partial<GrpcCallOptions>,
+) => ClientReadableStream<Res>;
+
+/** Per-stream options. No deadline unless `timeoutMs` is given (streams may be
+ * long-lived: the Python SDK's rule); `signal` cancels the call. */
+export interface StreamOptions {
+  /** Deadline for the whole stream, in milliseconds. */
+  timeoutMs?: number;
+  metadata?: Record<string, string>;
+  signal?: AbortSignal;
+}
 
 /** The client's metadata with the call's: a key the call names replaces the
  * client's (keys compare as gRPC's, lowercase). Sending both would let the
@@ -87,5 +105,33 @@ export async function callUnary<Req, Res>(
       if (deadline !== undefined && Date.now() + delays[attempt] >= deadline) throw err;
       await sleep(delays[attempt]);
     }
+  }
+}
+
+const isServiceError = (e: unknown): e is ServiceError =>
+  e instanceof Error && typeof (e as Partial<ServiceError>).code === "number" && "metadata" in e;
+
+/** The messages of a server-streaming call, with the client's metadata; a
+ * failure is a FencepostError. Never retried (a stream may have delivered
+ * part of its answer). Leaving the loop early, or `signal`, cancels the call. */
+export async function* callStream<Req, Res>(
+  method: StreamMethod<Req, Res>,
+  request: Req,
+  defaults: CallOptions,
+  options: StreamOptions = {},
+): AsyncGenerator<Res> {
+  const grpcOptions: Partial<GrpcCallOptions> =
+    options.timeoutMs === undefined ? {} : { deadline: new Date(Date.now() + options.timeoutMs) };
+  const call = method(request, toMetadata(defaults.metadata, options.metadata), grpcOptions);
+  const cancel = () => call.cancel();
+  if (options.signal?.aborted) cancel();
+  options.signal?.addEventListener("abort", cancel, { once: true });
+  try {
+    for await (const message of call) yield message as Res;
+  } catch (e) {
+    throw isServiceError(e) ? fromServiceError(e) : e;
+  } finally {
+    options.signal?.removeEventListener("abort", cancel);
+    call.cancel();
   }
 }

@@ -1,12 +1,15 @@
 // FencepostClient: one channel, every generated service client, and typed
 // helpers for KV / compare-and-set and the ledger calls a session needs.
-// Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`.
+// Any other RPC: `fp.call(fp.memory.append.bind(fp.memory), request, { safe })`,
+// or for a server stream `fp.stream(fp.ledger.readLog.bind(fp.ledger), request)`.
 import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 
 import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredentials, status } from "@grpc/grpc-js";
 
-import { CallOptions, DEFAULT_RETRY, RetryPolicy, UnaryMethod, callUnary } from "./call";
+import {
+  CallOptions, DEFAULT_RETRY, RetryPolicy, StreamMethod, StreamOptions, UnaryMethod, callStream, callUnary,
+} from "./call";
 import { DOMAIN, FencepostError } from "./errors";
 import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
@@ -180,6 +183,13 @@ export class FencepostClient {
    * `safe`: a read, or a write carrying a request id (retried on UNAVAILABLE). */
   call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, options: CallOptions & { safe: boolean }): Promise<Res> {
     return callUnary(method, request, options.safe, this.defaults, options);
+  }
+
+  /** Any server-streaming RPC (ReadLog, WatchInbox, ReadJournal, ReadArchive,
+   * WatchDue) with the client's metadata; its messages as they arrive, a
+   * failure as a FencepostError. No deadline unless `timeoutMs` is given. */
+  stream<Req, Res>(method: StreamMethod<Req, Res>, request: Req, options: StreamOptions = {}): AsyncGenerator<Res> {
+    return callStream(method, request, this.defaults, options);
   }
 
   // -- KV ------------------------------------------------------------------
