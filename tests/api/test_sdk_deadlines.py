@@ -1,0 +1,85 @@
+"""The Python SDK's deadlines and cancellation against a real server: a call's
+`timeout` bounds every attempt and the backoff between them; a stream's
+`timeout` is its deadline; a cancelled task cancels its call and leaves the
+client usable; the sync client raises the same typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+import fencepost
+from fencepost import errors
+from fencepost_server.storage import BackendUnavailable, Item
+from fencepost_server.storage.memory import MemoryStorage
+from tests.conftest import RunningServer, running
+
+
+class _Slow(MemoryStorage):
+    """`stall/...` keys never answer; `down/...` keys are an outage."""
+
+    async def get(self, key: str) -> Item | None:
+        if "/stall/" in key:
+            await asyncio.Event().wait()
+        if "/down/" in key:
+            raise BackendUnavailable("connection refused")
+        return await super().get(key)
+
+
+@pytest.fixture
+async def srv() -> AsyncIterator[RunningServer]:
+    async with running(_Slow()) as s:
+        yield s
+
+
+async def test_a_stalled_call_ends_at_its_deadline(srv: RunningServer) -> None:
+    async with srv.client(timeout=10.0) as c:
+        start = time.monotonic()
+        with pytest.raises(errors.DeadlineExceeded):
+            await c.get("stall/k", timeout=0.3)
+        assert time.monotonic() - start < 2.0
+
+
+async def test_retries_never_outlast_the_deadline(srv: RunningServer) -> None:
+    slow_backoff = fencepost.RetryPolicy(max_attempts=20, initial_backoff=0.2, max_backoff=0.2, multiplier=1.0)
+    async with srv.client(retry=slow_backoff) as c:
+        start = time.monotonic()
+        with pytest.raises((errors.BackendUnavailable, errors.DeadlineExceeded)):
+            await c.get("down/k", timeout=0.5)
+        assert time.monotonic() - start < 1.5
+
+
+async def test_a_stream_s_timeout_is_its_deadline(srv: RunningServer) -> None:
+    async with srv.client() as c:
+        s = await c.open_session("agent", "deadline")
+        lease = await c.acquire_lease(s.session_id, "holder", ttl=30)
+        start = time.monotonic()
+        with pytest.raises(errors.DeadlineExceeded):
+            async for _ in c.watch_inbox(s.session_id, lease.generation, timeout=0.3):
+                pass
+        assert time.monotonic() - start < 2.0
+
+
+async def test_a_cancelled_call_is_cancelled_and_the_client_goes_on(srv: RunningServer) -> None:
+    async with srv.client(timeout=30.0) as c:
+        task = asyncio.create_task(c.get("stall/k"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 2.0)
+        await c.put("k", b"v")
+        assert (await c.get("k")).value == b"v"  # type: ignore[union-attr]
+
+
+async def test_the_sync_client_raises_the_same_typed_deadline(srv: RunningServer) -> None:
+    def blocking() -> None:  # in a thread: the server runs on this test's event loop
+        with fencepost.Client(srv.target, timeout=10.0) as c:
+            with pytest.raises(errors.DeadlineExceeded):
+                c.get("stall/k", timeout=0.3)
+            c.put("k", b"v")
+            assert c.get("k").value == b"v"  # type: ignore[union-attr]
+
+    await asyncio.to_thread(blocking)
