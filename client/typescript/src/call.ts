@@ -35,6 +35,8 @@ export interface CallOptions {
   timeoutMs?: number;
   metadata?: Record<string, string>;
   retry?: RetryPolicy;
+  /** Cancels the call (CANCELLED) and any retry still to come. */
+  signal?: AbortSignal;
 }
 
 /** A generated unary method, bound to its client. */
@@ -70,12 +72,22 @@ function toMetadata(...maps: (Record<string, string> | undefined)[]): Metadata {
   return md;
 }
 
-function once<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, md: Metadata, remainingMs?: number): Promise<Res> {
+function once<Req, Res>(
+  method: UnaryMethod<Req, Res>, request: Req, md: Metadata, remainingMs?: number, signal?: AbortSignal,
+): Promise<Res> {
   const options: Partial<GrpcCallOptions> = remainingMs === undefined ? {} : { deadline: new Date(Date.now() + remainingMs) };
   return new Promise((resolve, reject) => {
-    method(request, md, options, (err, res) => (err ? reject(fromServiceError(err)) : resolve(res)));
+    const cancel = () => call.cancel(); // grpc-js then answers CANCELLED through the callback
+    const call = method(request, md, options, (err, res) => {
+      signal?.removeEventListener("abort", cancel);
+      if (err) reject(fromServiceError(err));
+      else resolve(res);
+    });
+    signal?.addEventListener("abort", cancel, { once: true });
   });
 }
+
+const cancelled = () => new FencepostError({ code: status.CANCELLED, message: "the call was cancelled (its signal aborted)" });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -91,13 +103,15 @@ export async function callUnary<Req, Res>(
   const deadline = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
   const delays = safe ? backoffDelays(options.retry ?? defaults.retry ?? DEFAULT_RETRY) : [];
   const md = toMetadata(defaults.metadata, options.metadata);
+  const signal = options.signal;
   for (let attempt = 0; ; attempt++) {
+    if (signal?.aborted) throw cancelled();
     const remaining = deadline === undefined ? undefined : deadline - Date.now();
     if (remaining !== undefined && remaining <= 0) {
       throw new FencepostError({ code: status.DEADLINE_EXCEEDED, message: "deadline exceeded before the call could be (re)tried" });
     }
     try {
-      return await once(method, request, md, remaining);
+      return await once(method, request, md, remaining, signal);
     } catch (e) {
       const err = e as FencepostError;
       const retryable = safe && err.code === status.UNAVAILABLE;

@@ -48,6 +48,7 @@ function refusal(path: string): { code: status; details: string; metadata: Metad
 const seen: { path: string; authorization: string }[] = [];
 let hang: ServerWritableStream<unknown, unknown> | undefined;
 let hangCancelled = false;
+let unaryCancelled = false;
 const server = new Server();
 let fake: FencepostClient;
 
@@ -68,6 +69,10 @@ before(async () => {
         }
         : (call: ServerUnaryCall<unknown, unknown>, callback: sendUnaryData<unknown>) => {
           note(call.metadata);
+          if (name === "getWithVersion") { // a call that never answers
+            call.on("cancelled", () => { unaryCancelled = true; });
+            return;
+          }
           callback(refusal(method.path));
         };
     }
@@ -88,7 +93,7 @@ test("every RPC of every service, through fp.call or fp.stream: the client's tok
   for (const [prop, definition] of SERVICES) {
     const client = fake[prop] as unknown as Record<string, Function>;
     for (const [name, method] of Object.entries(definition)) {
-      if (name === "watchInbox") continue; // the hanging stream, below
+      if (name === "watchInbox" || name === "getWithVersion") continue; // the hanging ones, below
       count++;
       const bound = client[name].bind(client);
       const request = method.requestDeserialize(Buffer.alloc(0)); // every field at its default
@@ -106,7 +111,7 @@ test("every RPC of every service, through fp.call or fp.stream: the client's tok
   const protoDir = join(__dirname, "..", "..", "..", "..", "proto", "fencepost", "v1");
   const rpcs = readdirSync(protoDir).filter((f) => f.endsWith(".proto"))
     .flatMap((f) => readFileSync(join(protoDir, f), "utf8").match(/^\s*rpc \w+\(/gm) ?? []);
-  assert.equal(count + 1, rpcs.length);
+  assert.equal(count + 2, rpcs.length);
 });
 
 test("a stream's timeoutMs is its deadline: DEADLINE_EXCEEDED, typed", async () => {
@@ -123,6 +128,27 @@ test("aborting the signal cancels the stream on the server", async () => {
   await assert.rejects(run, (e: unknown) => e instanceof FencepostError && e.code === status.CANCELLED);
   for (let i = 0; i < 100 && !hangCancelled; i++) await new Promise((r) => setTimeout(r, 10));
   assert.ok(hangCancelled, "the server never saw the cancellation");
+});
+
+test("a unary call's timeoutMs bounds a call the server never answers: DEADLINE_EXCEEDED, typed", async () => {
+  await assert.rejects(fake.getWithVersion("k", { timeoutMs: 200 }),
+    (e: unknown) => e instanceof FencepostError && e.code === status.DEADLINE_EXCEEDED);
+});
+
+test("aborting a unary call's signal cancels it on the server: CANCELLED, typed, not retried", async () => {
+  unaryCancelled = false;
+  const ac = new AbortController();
+  const before = seen.length;
+  const run = fake.getWithVersion("k", { signal: ac.signal });
+  await new Promise((r) => setTimeout(r, 100));
+  ac.abort();
+  await assert.rejects(run, (e: unknown) => e instanceof FencepostError && e.code === status.CANCELLED);
+  for (let i = 0; i < 100 && !unaryCancelled; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(unaryCancelled, "the server never saw the cancellation");
+  assert.equal(seen.length, before + 1);
+  // an already aborted signal sends nothing
+  await assert.rejects(fake.getWithVersion("k", { signal: ac.signal }), (e: unknown) => e instanceof FencepostError && e.code === status.CANCELLED);
+  assert.equal(seen.length, before + 1);
 });
 
 // -- on the server under test -------------------------------------------------
