@@ -180,9 +180,12 @@ class Caller:
         *,
         timeout: float | None = None,
         metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
     ) -> AsyncIterator[Any]:
         """Server-streaming call; errors become typed exceptions. `timeout`
-        defaults to none for streams (they may be long-lived)."""
+        defaults to none for streams (they may be long-lived). `retry` is
+        taken, as by every method, and unused: a stream is never resent
+        (part of its answer may have been delivered already)."""
         call = method(request, timeout=timeout, metadata=self._metadata(metadata))
         try:
             async for item in call:

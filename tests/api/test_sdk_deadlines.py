@@ -83,3 +83,24 @@ async def test_the_sync_client_raises_the_same_typed_deadline(srv: RunningServer
             assert c.get("k").value == b"v"  # type: ignore[union-attr]
 
     await asyncio.to_thread(blocking)
+
+
+async def test_every_stream_method_takes_the_options_every_method_takes(srv: RunningServer) -> None:
+    """AsyncClient: "Every method takes keyword-only `timeout`, `metadata` and
+    `retry`"; a stream is never resent, whatever `retry` says."""
+    opts = {"timeout": 5.0, "metadata": {"x-test": "1"}, "retry": fencepost.NO_RETRY}
+    async with srv.client() as c:
+        s = await c.open_session("agent", "stream-options")
+        lease = await c.acquire_lease(s.session_id, "holder", ttl=30)
+        await c.commit(s.session_id, lease.generation, 0, [b"r"])
+        assert [r.data async for r in c.read_log(s.session_id, **opts)] == [b"r"]
+        assert await c.read_journal("agent", **opts) is None
+        with pytest.raises(errors.ArchiveNotFound):
+            await c.read_archive("agent", "no-such-archive", **opts)
+        await c.deliver(b"e", session_id=s.session_id)
+        async for event in c.watch_inbox(s.session_id, lease.generation, **opts):
+            assert event.payload == b"e"
+            break
+        with pytest.raises(errors.DeadlineExceeded):
+            async for _ in c.watch_due(s.session_id, lease.generation, **{**opts, "timeout": 0.3}):
+                pass
