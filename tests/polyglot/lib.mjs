@@ -70,6 +70,18 @@ export function unary(client, method, request, deadlineSeconds = 10) {
   });
 }
 
+// A promise for every message of one server-streaming call.
+export function serverStream(client, method, request, deadlineSeconds = 10) {
+  return new Promise((resolvePromise, reject) => {
+    const deadline = new Date(Date.now() + deadlineSeconds * 1000);
+    const messages = [];
+    const call = client[method](request, { deadline });
+    call.on("data", (m) => messages.push(m));
+    call.on("error", reject);
+    call.on("end", () => resolvePromise(messages));
+  });
+}
+
 // Expect a call to fail with `code` and ErrorInfo `reason`; returns the details.
 export async function expectError(promise, code, reason) {
   let err;

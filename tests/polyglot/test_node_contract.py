@@ -44,3 +44,5 @@ def test_javascript_contract_suite(fencepost_target: str) -> None:
     # every service the checks need has landed: each check must run, none is "not applicable"
     assert "# not applicable" not in out, out
     assert passed == len(CHECKS) and {"ledger", "journal", "schedule"} <= set(CHECKS), out
+    # and every service of the proto has a check
+    assert "# note: no JavaScript check covers" not in out, out

@@ -8,8 +8,8 @@ import { after, test } from "node:test";
 import { Metadata, ServiceError, status } from "@grpc/grpc-js";
 
 import {
-  DOMAIN, ErrorReason, FencepostClient, FencepostError, evals, fromServiceError, reasonFromString, reasonToString, schedule,
-  storeApi, timestampNow,
+  DOMAIN, ErrorReason, FencepostClient, FencepostError, evals, fromServiceError, journal, memory, newRequestId, reasonFromString,
+  reasonToString, schedule, storeApi, timestampNow,
 } from "../src";
 import { ErrorInfo } from "../src/gen/google/rpc/error_details";
 import { Status } from "../src/gen/google/rpc/status";
@@ -174,4 +174,42 @@ test("fencepost's ErrorInfo wins over another domain's, in either order", () => 
     const err = fromServiceError(failed(FAILED_PRECONDITION, ...infos));
     assert.deepEqual([err.reason, err.domain, { ...err.metadata }], [ErrorReason.SEQUENCE_MISMATCH, DOMAIN, { head: "4" }]);
   }
+});
+
+test("memory errors: REQUEST_ID_REUSED, CONTENT_TOO_LARGE, ENTRY_NOT_FOUND", async () => {
+  const agentId = unique("ts-agent");
+  const append = fp.memory.append.bind(fp.memory);
+  const requestId = newRequestId();
+  const first = await fp.call(append, memory.MemoryServiceAppendRequest.fromPartial({ agentId, content: "fact", requestId }), { safe: true });
+  await expectReason(
+    fp.call(append, memory.MemoryServiceAppendRequest.fromPartial({ agentId, content: "another", requestId }), { safe: true }),
+    INVALID_ARGUMENT, ErrorReason.REQUEST_ID_REUSED,
+  );
+  const tooLarge = await expectReason(
+    fp.call(append, memory.MemoryServiceAppendRequest.fromPartial({ agentId, content: "x".repeat(4097), requestId: newRequestId() }), { safe: true }),
+    INVALID_ARGUMENT, ErrorReason.CONTENT_TOO_LARGE,
+  );
+  assert.ok(tooLarge.metadata.limit, JSON.stringify(tooLarge.metadata));
+  const forget = fp.memory.forget.bind(fp.memory);
+  await fp.call(forget, { agentId, id: first.entry!.id, requestId: newRequestId() }, { safe: true });
+  await expectReason(
+    fp.call(fp.memory.pin.bind(fp.memory), { agentId, id: first.entry!.id, requestId: newRequestId() }, { safe: true }),
+    NOT_FOUND, ErrorReason.ENTRY_NOT_FOUND,
+  );
+});
+
+test("journal and admin errors: AGENT_NAME_INVALID, ARCHIVE_NOT_FOUND (from a stream), OPERATION_NOT_FOUND", async () => {
+  const record = journal.TurnRecord.fromPartial({ at: "2025-01-01T00:00:00Z", sessionId: "s", channelId: "c", status: journal.TurnStatus.COMPLETED });
+  await expectReason(
+    fp.call(fp.journal.appendTurn.bind(fp.journal), { agent: "a/b", record, requestId: newRequestId() }, { safe: true }),
+    INVALID_ARGUMENT, ErrorReason.AGENT_NAME_INVALID,
+  );
+  const archive = (async () => {
+    for await (const _ of fp.stream(fp.journal.readArchive.bind(fp.journal), { agent: unique("ts-agent"), name: "no-such-archive" })) { /* none */ }
+  })();
+  await expectReason(archive, NOT_FOUND, ErrorReason.ARCHIVE_NOT_FOUND);
+  await expectReason(
+    fp.call(fp.admin.getOperation.bind(fp.admin), { name: "operations/no-such-operation" }, { safe: true }),
+    NOT_FOUND, ErrorReason.OPERATION_NOT_FOUND,
+  );
 });
