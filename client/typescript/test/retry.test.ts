@@ -218,3 +218,37 @@ test("a status-details trailer that does not decode still makes a FencepostError
   await assert.rejects(callUnary(method, "r", true, { retry: fast }), (e: unknown) => e instanceof FencepostError && e.code === status.UNAVAILABLE);
   assert.equal(calls, fast.maxAttempts); // still UNAVAILABLE: retried as any other
 });
+
+test("every KV write is resent under the request id of its first attempt (filled in: a UUIDv7)", async () => {
+  const ids: string[] = [];
+  const flaky = (response: unknown): UnaryMethod<{ requestId: string }, unknown> => (req, _md, _opts, cb) => {
+    ids.push(req.requestId);
+    if (ids.length % 2 === 1) {
+      const code = status.UNAVAILABLE;
+      cb(Object.assign(new Error("UNAVAILABLE"), { code, details: "UNAVAILABLE", metadata: new Metadata() }) as ServiceError, undefined);
+    } else cb(null, response);
+    return {} as ReturnType<UnaryMethod<unknown, unknown>>;
+  };
+  const fp = new FencepostClient("127.0.0.1:1", { retry: fast, token: "" });
+  const cas = { applied: true, version: "v2" };
+  (fp as unknown as { kv: unknown }).kv = {
+    put: flaky({ version: "v1" }), delete: flaky({ existed: true }), putIfAbsent: flaky(cas), putIfVersion: flaky(cas),
+    deleteIfVersion: flaky(cas), txn: flaky({ succeeded: true, failedCompares: [] }),
+  };
+  try {
+    await fp.put("k", Buffer.from("v"));
+    await fp.delete("k");
+    await fp.putIfAbsent("k", Buffer.from("v"));
+    await fp.putIfVersion("k", Buffer.from("v"), "v1");
+    await fp.deleteIfVersion("k", "v1");
+    await fp.txn({});
+    await fp.put("k", Buffer.from("v"), { requestId: "mine-1" });
+  } finally {
+    fp.close();
+  }
+  assert.equal(ids.length, 14);
+  for (let i = 0; i < ids.length; i += 2) assert.equal(ids[i + 1], ids[i], `write ${i / 2}`);
+  for (const id of ids.slice(0, 12)) assert.match(id, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+  assert.equal(new Set(ids.slice(0, 12)).size, 6);
+  assert.deepEqual(ids.slice(12), ["mine-1", "mine-1"]);
+});
