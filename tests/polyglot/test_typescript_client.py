@@ -44,7 +44,7 @@ def test_typescript_client_suite(backend: str, tmp_path: Path) -> None:
         assert counts.get("cancelled") == 0, out
         # every test file ran and each contributed tests
         assert counts["pass"] == counts["tests"] >= 20, out
-        for name in ("kv", "errors", "session", "vectors", "retry", "time", "reach"):
+        for name in ("kv", "errors", "session", "vectors", "retry", "time", "reach", "classes"):
             assert PACKAGE / "test" / f"{name}.test.ts" in TEST_FILES
 
         # the example finds the server as the Python SDK and the CLI do (it

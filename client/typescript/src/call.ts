@@ -6,7 +6,7 @@ import {
   CallOptions as GrpcCallOptions, ClientReadableStream, ClientUnaryCall, Metadata, ServiceError, status,
 } from "@grpc/grpc-js";
 
-import { FencepostError, fromServiceError } from "./errors";
+import { FencepostError, errorFor, fromServiceError } from "./errors";
 
 export interface RetryPolicy {
   maxAttempts: number;
@@ -87,7 +87,7 @@ function once<Req, Res>(
   });
 }
 
-const cancelled = () => new FencepostError({ code: status.CANCELLED, message: "the call was cancelled (its signal aborted)" });
+const cancelled = () => errorFor({ code: status.CANCELLED, message: "the call was cancelled (its signal aborted)" });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -108,7 +108,7 @@ export async function callUnary<Req, Res>(
     if (signal?.aborted) throw cancelled();
     const remaining = deadline === undefined ? undefined : deadline - Date.now();
     if (remaining !== undefined && remaining <= 0) {
-      throw new FencepostError({ code: status.DEADLINE_EXCEEDED, message: "deadline exceeded before the call could be (re)tried" });
+      throw errorFor({ code: status.DEADLINE_EXCEEDED, message: "deadline exceeded before the call could be (re)tried" });
     }
     try {
       return await once(method, request, md, remaining, signal);

@@ -10,7 +10,7 @@ import { Channel, ChannelCredentials, ChannelOptions, credentials as grpcCredent
 import {
   CallOptions, DEFAULT_RETRY, RetryPolicy, StreamMethod, StreamOptions, UnaryMethod, callStream, callUnary,
 } from "./call";
-import { DOMAIN, FencepostError } from "./errors";
+import { DOMAIN, errorFor } from "./errors";
 import { AdminServiceClient } from "./gen/fencepost/v1/admin";
 import { EvalServiceClient } from "./gen/fencepost/v1/evals";
 import { JournalServiceClient } from "./gen/fencepost/v1/journal";
@@ -110,7 +110,7 @@ const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[
 function checkText(field: string, value: string, reason: "KEY_INVALID" | "FIELD_INVALID" = "FIELD_INVALID"): void {
   if (!LONE_SURROGATE.test(value)) return;
   const message = `${field} is not valid UTF-8 (it holds a lone surrogate)`;
-  throw new FencepostError({
+  throw errorFor({
     code: status.INVALID_ARGUMENT, message, reason, domain: DOMAIN, fieldViolations: { [field]: message },
   });
 }

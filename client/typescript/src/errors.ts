@@ -36,8 +36,11 @@ export interface ErrorFields {
   fieldViolations?: Record<string, string>;
 }
 
-/** A failed fencepost call. `reason` is the enum, `reasonString` what the server sent. */
+/** A failed fencepost call. `reason` is the enum, `reasonString` what the server sent.
+ * `errorFor` / `fromServiceError` build the reason's subclass (`LeaseFencedError`, ...). */
 export class FencepostError extends Error {
+  /** The status code of the class's errors (none for FencepostError itself). */
+  static readonly statusCode: status | undefined = undefined;
   /** gRPC status code. */
   readonly code: status;
   /** Its name, e.g. "FAILED_PRECONDITION". */
@@ -56,7 +59,7 @@ export class FencepostError extends Error {
     const codeName = status[fields.code] ?? "UNKNOWN";
     const reasonString = fields.reason ?? "";
     super(`${codeName}/${reasonString || "-"}: ${fields.message}`, options);
-    this.name = "FencepostError";
+    this.name = new.target.name;
     this.code = fields.code;
     this.codeName = codeName;
     this.reasonString = reasonString;
@@ -71,6 +74,124 @@ export class FencepostError extends Error {
   is(reason: ErrorReason): boolean {
     return this.reason === reason;
   }
+}
+
+// -- one class per status meaning, one per reason (the Python SDK's fencepost.errors)
+export class InvalidArgumentError extends FencepostError { static readonly statusCode: status | undefined = status.INVALID_ARGUMENT; }
+export class NotFoundError extends FencepostError { static readonly statusCode: status | undefined = status.NOT_FOUND; }
+export class AlreadyExistsError extends FencepostError { static readonly statusCode: status | undefined = status.ALREADY_EXISTS; }
+export class FailedPreconditionError extends FencepostError { static readonly statusCode: status | undefined = status.FAILED_PRECONDITION; }
+export class AbortedError extends FencepostError { static readonly statusCode: status | undefined = status.ABORTED; }
+export class UnavailableError extends FencepostError { static readonly statusCode: status | undefined = status.UNAVAILABLE; }
+export class DeadlineExceededError extends FencepostError { static readonly statusCode: status | undefined = status.DEADLINE_EXCEEDED; }
+export class UnauthenticatedError extends FencepostError { static readonly statusCode: status | undefined = status.UNAUTHENTICATED; }
+export class PermissionDeniedError extends FencepostError { static readonly statusCode: status | undefined = status.PERMISSION_DENIED; }
+export class ResourceExhaustedError extends FencepostError { static readonly statusCode: status | undefined = status.RESOURCE_EXHAUSTED; }
+export class InternalError extends FencepostError { static readonly statusCode: status | undefined = status.INTERNAL; }
+
+export class KeyInvalidError extends InvalidArgumentError {}
+export class KeyTooLongError extends InvalidArgumentError {}
+export class ValueTooLargeError extends InvalidArgumentError {}
+export class TxnTooLargeError extends InvalidArgumentError {}
+export class TxnDuplicateKeyError extends InvalidArgumentError {}
+export class PageTokenInvalidError extends InvalidArgumentError {}
+export class PageSizeInvalidError extends InvalidArgumentError {}
+export class VersionInvalidError extends InvalidArgumentError {}
+export class FieldInvalidError extends InvalidArgumentError {}
+export class RequestIdReusedError extends InvalidArgumentError {}
+export class CommitTooLargeError extends InvalidArgumentError {}
+export class RecordTooLargeError extends InvalidArgumentError {}
+export class EventTooLargeError extends InvalidArgumentError {}
+export class UnsupportedProtocolVersionError extends InvalidArgumentError {}
+export class CallPayloadMismatchError extends InvalidArgumentError {}
+export class AgentNameInvalidError extends InvalidArgumentError {}
+export class ContentTooLargeError extends InvalidArgumentError {}
+export class AboutTooLargeError extends InvalidArgumentError {}
+export class SupersedesInvalidError extends InvalidArgumentError {}
+export class RuleUnsupportedError extends InvalidArgumentError {}
+export class ReminderInvalidError extends InvalidArgumentError {}
+export class MessageTooLargeError extends ResourceExhaustedError {}
+export class TxnContendedError extends AbortedError {}
+export class SessionNotFoundError extends NotFoundError {}
+export class EntryNotFoundError extends NotFoundError {}
+export class ArchiveNotFoundError extends NotFoundError {}
+export class EvalRunNotFoundError extends NotFoundError {}
+export class OperationNotFoundError extends NotFoundError {}
+export class LeaseHeldError extends FailedPreconditionError {}
+export class LeaseFencedError extends FailedPreconditionError {}
+export class SequenceMismatchError extends FailedPreconditionError {}
+export class InboxEntryGoneError extends FailedPreconditionError {}
+export class InboxNotEmptyError extends FailedPreconditionError {}
+export class SessionHasForksError extends FailedPreconditionError {}
+export class ReminderIdsExhaustedError extends FailedPreconditionError {}
+export class ErasureInProgressError extends FailedPreconditionError {}
+export class BackendUnavailableError extends UnavailableError {}
+export class PersistenceUncertainError extends UnavailableError {}
+
+type ErrorClass = (new (fields: ErrorFields, options?: { cause?: unknown }) => FencepostError) & { statusCode: status | undefined };
+
+/** Every reason's class: tsc fails here when the enum gains a reason without one. */
+const BY_REASON: Record<Exclude<ErrorReason, ErrorReason.UNSPECIFIED | ErrorReason.UNRECOGNIZED>, ErrorClass> = {
+  [ErrorReason.KEY_INVALID]: KeyInvalidError,
+  [ErrorReason.KEY_TOO_LONG]: KeyTooLongError,
+  [ErrorReason.VALUE_TOO_LARGE]: ValueTooLargeError,
+  [ErrorReason.TXN_TOO_LARGE]: TxnTooLargeError,
+  [ErrorReason.TXN_DUPLICATE_KEY]: TxnDuplicateKeyError,
+  [ErrorReason.TXN_CONTENDED]: TxnContendedError,
+  [ErrorReason.PAGE_TOKEN_INVALID]: PageTokenInvalidError,
+  [ErrorReason.PAGE_SIZE_INVALID]: PageSizeInvalidError,
+  [ErrorReason.VERSION_INVALID]: VersionInvalidError,
+  [ErrorReason.FIELD_INVALID]: FieldInvalidError,
+  [ErrorReason.REQUEST_ID_REUSED]: RequestIdReusedError,
+  [ErrorReason.BACKEND_UNAVAILABLE]: BackendUnavailableError,
+  [ErrorReason.PERSISTENCE_UNCERTAIN]: PersistenceUncertainError,
+  [ErrorReason.SESSION_NOT_FOUND]: SessionNotFoundError,
+  [ErrorReason.LEASE_HELD]: LeaseHeldError,
+  [ErrorReason.LEASE_FENCED]: LeaseFencedError,
+  [ErrorReason.SEQUENCE_MISMATCH]: SequenceMismatchError,
+  [ErrorReason.INBOX_ENTRY_GONE]: InboxEntryGoneError,
+  [ErrorReason.INBOX_NOT_EMPTY]: InboxNotEmptyError,
+  [ErrorReason.COMMIT_TOO_LARGE]: CommitTooLargeError,
+  [ErrorReason.RECORD_TOO_LARGE]: RecordTooLargeError,
+  [ErrorReason.EVENT_TOO_LARGE]: EventTooLargeError,
+  [ErrorReason.UNSUPPORTED_PROTOCOL_VERSION]: UnsupportedProtocolVersionError,
+  [ErrorReason.CALL_PAYLOAD_MISMATCH]: CallPayloadMismatchError,
+  [ErrorReason.AGENT_NAME_INVALID]: AgentNameInvalidError,
+  [ErrorReason.ARCHIVE_NOT_FOUND]: ArchiveNotFoundError,
+  [ErrorReason.CONTENT_TOO_LARGE]: ContentTooLargeError,
+  [ErrorReason.ABOUT_TOO_LARGE]: AboutTooLargeError,
+  [ErrorReason.SUPERSEDES_INVALID]: SupersedesInvalidError,
+  [ErrorReason.ENTRY_NOT_FOUND]: EntryNotFoundError,
+  [ErrorReason.RULE_UNSUPPORTED]: RuleUnsupportedError,
+  [ErrorReason.REMINDER_INVALID]: ReminderInvalidError,
+  [ErrorReason.EVAL_RUN_NOT_FOUND]: EvalRunNotFoundError,
+  [ErrorReason.UNAUTHENTICATED]: UnauthenticatedError,
+  [ErrorReason.PERMISSION_DENIED]: PermissionDeniedError,
+  [ErrorReason.MESSAGE_TOO_LARGE]: MessageTooLargeError,
+  [ErrorReason.INTERNAL]: InternalError,
+  [ErrorReason.SESSION_HAS_FORKS]: SessionHasForksError,
+  [ErrorReason.OPERATION_NOT_FOUND]: OperationNotFoundError,
+  [ErrorReason.REMINDER_IDS_EXHAUSTED]: ReminderIdsExhaustedError,
+  [ErrorReason.ERASURE_IN_PROGRESS]: ErasureInProgressError,
+};
+
+const BY_CODE = new Map<status, ErrorClass>(
+  [
+    InvalidArgumentError, NotFoundError, AlreadyExistsError, FailedPreconditionError, AbortedError, UnavailableError,
+    DeadlineExceededError, UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError, InternalError,
+  ].map((cls) => [cls.statusCode!, cls]),
+);
+
+/** The error for a status code and reason: the reason's class, unless the
+ * reason came under another status code (Fork's ALREADY_EXISTS /
+ * FIELD_INVALID), or is newer than this client, when it is the status code's
+ * class; FencepostError for a code with no class. As the Python SDK's
+ * `errors.error_for`: `instanceof InvalidArgumentError` never catches a
+ * status that is not one. */
+export function errorFor(fields: ErrorFields, options?: { cause?: unknown }): FencepostError {
+  let cls: ErrorClass | undefined = BY_REASON[reasonFromString(fields.reason ?? "") as keyof typeof BY_REASON];
+  if (cls === undefined || cls.statusCode !== fields.code) cls = BY_CODE.get(fields.code);
+  return new (cls ?? FencepostError)(fields, options);
 }
 
 /** True when `err` is a FencepostError with `reason`. */
@@ -129,5 +250,5 @@ export function fromServiceError(err: ServiceError): FencepostError {
   if (err.code === status.RESOURCE_EXHAUSTED && !fields.reason && TOO_LARGE.test(fields.message)) {
     fields.reason = "MESSAGE_TOO_LARGE";
   }
-  return new FencepostError(fields, { cause: err });
+  return errorFor(fields, { cause: err });
 }

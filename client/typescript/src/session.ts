@@ -9,7 +9,7 @@
 import { status } from "@grpc/grpc-js";
 
 import { FencepostClient } from "./client";
-import { ErrorReason, FencepostError, isReason } from "./errors";
+import { ErrorReason, FencepostError, errorFor, isReason } from "./errors";
 import { CallOptions } from "./call";
 
 export interface LeasedSessionOptions {
@@ -91,7 +91,7 @@ export class LeasedSession {
       }
       if (Date.now() - this.renewedAt >= this.options.ttlMs) {
         const last = err instanceof Error ? err.message : String(err);
-        this.lost(new FencepostError({
+        this.lost(errorFor({
           code: status.FAILED_PRECONDITION,
           reason: "LEASE_FENCED",
           message: `the lease was not renewed within its ttl of ${this.options.ttlMs} ms (last error: ${last})`,
