@@ -118,3 +118,22 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
             assert run.returncode == 0, run.stdout + run.stderr
             assert run.stdout.startswith("KEY_INVALID "), run.stdout
             assert "lost the session" not in run.stdout, run.stdout
+
+
+def test_both_sdks_name_each_reason_s_error_class_alike() -> None:
+    """Python's `errors.LeaseFenced` is TypeScript's `LeaseFencedError`, under
+    the same status code's class, for every reason of the enum."""
+    from fencepost import errors
+    from fencepost.contract import enum_reasons
+
+    source = (PACKAGE / "src" / "errors.ts").read_text()
+    typescript = dict(re.findall(r"\[ErrorReason\.([A-Z_]+)\]: (\w+),", source))
+    parents = dict(re.findall(r"export class (\w+) extends (\w+)", source))
+    for reason in enum_reasons():
+        py = errors.BY_REASON[reason]
+        assert typescript.get(reason) == py.__name__ + "Error", reason
+        # the same status meaning: the TypeScript class's parent is the Python parent's name + "Error"
+        ts_parent = parents[typescript[reason]]
+        py_parent = py.__mro__[1].__name__ if py not in errors.BY_CODE.values() else "FencepostError"
+        expected = py_parent if py_parent == "FencepostError" else py_parent + "Error"
+        assert ts_parent == expected, (reason, ts_parent, expected)
