@@ -348,8 +348,11 @@ class Session:
             await asyncio.sleep(self.ttl / 3)
             sent = time.monotonic()
             try:
+                # a renewal not answered by the end of the TTL is too late: its
+                # deadline is what is left of it (not the client's default)
                 await self.client.renew_lease(
-                    self.session_id, self.generation, ttl=self.ttl, holder_id=self.holder_id
+                    self.session_id, self.generation, ttl=self.ttl, holder_id=self.holder_id,
+                    timeout=max(renewed + self.ttl - sent, 0.001),
                 )
                 renewed = sent
             except LeaseFenced as exc:
