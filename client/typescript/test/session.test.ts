@@ -6,7 +6,7 @@ import { after, test } from "node:test";
 
 import { status } from "@grpc/grpc-js";
 
-import { ErrorReason, FencepostError, LeasedSession } from "../src";
+import { ErrorReason, FencepostClient, FencepostError, LeasedSession } from "../src";
 import { expectReason, newClient, unique } from "./support";
 
 const fp = newClient();
@@ -101,4 +101,33 @@ test("a failed read right after the grant gives the lease back", async () => {
   const { ledger, calls } = flakyLedger({ head: gone });
   await assert.rejects(LeasedSession.acquire(ledger, "sid", { holderId: "A", ttlMs: 30_000 }), (err: unknown) => err === gone);
   assert.deepEqual(calls.released, ["7"]);
+});
+
+test("a renewal that never answers fences the holder when the TTL runs out, not a renewal period later", async () => {
+  // every renewal hangs until its deadline (the client's 30 s default when it has none)
+  const timeouts: (number | undefined)[] = [];
+  const stalled = {
+    acquireLease: async () => ({ generation: "1" }),
+    getSession: async () => ({ seq: "0" }),
+    releaseLease: async () => "0",
+    renewLease: (_s: string, _g: string, _h: string, _ttl: number, options: { timeoutMs?: number } = {}) => {
+      timeouts.push(options.timeoutMs);
+      return new Promise((_resolve, reject) => setTimeout(
+        () => reject(new FencepostError({ code: status.DEADLINE_EXCEEDED, message: "Deadline Exceeded" })),
+        options.timeoutMs ?? 30_000,
+      ));
+    },
+  };
+  const ttlMs = 1_500;
+  const start = Date.now();
+  const s = await LeasedSession.acquire(stalled as unknown as FencepostClient, "sid", { holderId: "A", ttlMs });
+  try {
+    await until("the holder to stop", () => s.fenced !== null);
+    const lostAfter = Date.now() - start;
+    assert.ok(lostAfter >= ttlMs && lostAfter < ttlMs + 300, `stopped after ${lostAfter} ms`);
+    assert.ok(s.fenced instanceof FencepostError && s.fenced.reason === ErrorReason.LEASE_FENCED);
+    assert.ok(timeouts.every((t) => t !== undefined && t <= ttlMs), JSON.stringify(timeouts));
+  } finally {
+    s.stop();
+  }
 });
