@@ -48,7 +48,7 @@ async def test_a_renewal_that_never_answers_fences_the_holder_when_the_ttl_runs_
             pass
         lost_after = time.monotonic() - start
         assert s.fenced is not None
-        assert ttl <= lost_after < ttl + 0.4, lost_after
+        assert ttl <= lost_after < ttl + 1.0, lost_after
         assert all(t is not None and t <= ttl for t in fake.renew_timeouts), fake.renew_timeouts
     finally:
         await s._stop()
