@@ -121,6 +121,7 @@ test("a stream's timeoutMs is its deadline: DEADLINE_EXCEEDED, typed", async () 
 
 test("aborting the signal cancels the stream on the server", async () => {
   hangCancelled = false;
+  hang = undefined; // the deadline test's call: wait for this one's
   const ac = new AbortController();
   const run = (async () => { for await (const _ of fake.stream(fake.ledger.watchInbox.bind(fake.ledger), { sessionId: "s", generation: "1" }, { signal: ac.signal })) { /* none */ } })();
   for (let i = 0; i < 100 && !hang; i++) await new Promise((r) => setTimeout(r, 10));
@@ -140,7 +141,7 @@ test("aborting a unary call's signal cancels it on the server: CANCELLED, typed,
   const ac = new AbortController();
   const before = seen.length;
   const run = fake.getWithVersion("k", { signal: ac.signal });
-  await new Promise((r) => setTimeout(r, 100));
+  for (let i = 0; i < 100 && seen.length === before; i++) await new Promise((r) => setTimeout(r, 10));
   ac.abort();
   await assert.rejects(run, (e: unknown) => e instanceof FencepostError && e.code === status.CANCELLED);
   for (let i = 0; i < 100 && !unaryCancelled; i++) await new Promise((r) => setTimeout(r, 10));
