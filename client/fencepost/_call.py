@@ -46,7 +46,10 @@ class RetryPolicy:
     """Retries UNAVAILABLE with jittered exponential backoff, within the deadline.
 
     A call is retried only when that is safe: reads, and writes that carry a
-    request id (the SDK fills one in), so a retried write applies once.
+    request id (the SDK fills one in), so a retried write applies once. The
+    exceptions are KV `put` and `delete` without a request id: an overwrite or
+    removal repeated lands the same state, so they are resent as they are
+    (pass `request_id=` to have a retry report the first outcome instead).
     """
 
     max_attempts: int = 5
