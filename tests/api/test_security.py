@@ -140,6 +140,19 @@ async def test_mtls_spiffe_identity_maps_to_its_tenant(tmp_path: Path) -> None:
                                          retry=fencepost.NO_RETRY) as c:
             with pytest.raises(errors.Unauthenticated):
                 await c.get("via-mtls")
+        # An SVID names exactly one SPIFFE id: a certificate naming two is ambiguous and
+        # refused, whichever order they come in (other URI SANs are not identities)
+        for uris in (("spiffe://test.example/ns/a/sa/runtime", "spiffe://test.example/ns/x/sa/other"),
+                     ("spiffe://test.example/ns/x/sa/other", "spiffe://test.example/ns/a/sa/runtime")):
+            cert, key = pki.client(*uris)
+            async with fencepost.AsyncClient(target, credentials=grpc.ssl_channel_credentials(pki.ca_pem, key, cert),
+                                             options=opts, retry=fencepost.NO_RETRY) as c:
+                with pytest.raises(errors.Unauthenticated):
+                    await c.get("via-mtls")
+        cert, key = pki.client("spiffe://test.example/ns/a/sa/runtime", "https://test.example/docs")
+        async with fencepost.AsyncClient(target, credentials=grpc.ssl_channel_credentials(pki.ca_pem, key, cert),
+                                         options=opts, retry=fencepost.NO_RETRY) as c:
+            assert (await c.get("via-mtls")) is not None
     finally:
         await app.stop(grace=0.2)
 

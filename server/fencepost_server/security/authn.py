@@ -83,6 +83,8 @@ class MutualTlsSource:
         ids = spiffe_ids(cert)
         if not ids:
             raise _refuse("client certificate has no SPIFFE URI SAN")
+        if len(ids) > 1:  # an X.509-SVID names exactly one: which one the call is would be a guess
+            raise _refuse(f"client certificate has {len(ids)} SPIFFE URI SANs (an SVID has exactly one)")
         identity = self.identities.by_spiffe(ids[0])
         if identity is None:
             raise _refuse(f"SPIFFE id {ids[0]} is not mapped to a tenant")
