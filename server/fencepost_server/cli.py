@@ -304,6 +304,10 @@ def _cmd_hash_token(args: argparse.Namespace) -> int:
 
     from .security import hash_token
 
+    try:  # bytes of argv that are not UTF-8 arrive as lone surrogates, which no key can hold
+        args.tenant.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("hash-token: --tenant is not UTF-8 text") from None
     if args.generate:
         token = secrets.token_urlsafe(32)
         print(f"token (give it to the caller; it is not stored): {token}", file=sys.stderr)

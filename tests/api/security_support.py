@@ -57,8 +57,8 @@ class Pki:
     server_cert: bytes
     server_key: bytes
 
-    def client(self, spiffe_id: str | None) -> tuple[bytes, bytes]:
-        return _issue(self, "client", spiffe_id=spiffe_id)
+    def client(self, spiffe_id: str | None, *more_uris: str) -> tuple[bytes, bytes]:
+        return _issue(self, "client", spiffe_id=spiffe_id, more_uris=more_uris)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -87,7 +87,8 @@ def make_pki() -> Pki:
     return pki
 
 
-def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = None) -> tuple[bytes, bytes]:
+def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = None,
+           more_uris: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
     ca_key = _CA_KEY[pki.ca_pem]
     ca = x509.load_pem_x509_certificate(pki.ca_pem)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -97,6 +98,7 @@ def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = N
         sans += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     if spiffe_id:
         sans.append(x509.UniformResourceIdentifier(spiffe_id))
+    sans += [x509.UniformResourceIdentifier(uri) for uri in more_uris]
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))

@@ -40,3 +40,12 @@ def test_a_token_that_is_not_text_is_a_usage_error() -> None:
     res = subprocess.run(HASH_TOKEN, input=b"\xff\xfe\n", capture_output=True, timeout=60)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert res.stderr.decode() == "fencepost: error: hash-token: the token on stdin is not UTF-8 text\n"
+
+
+def test_a_tenant_that_is_not_text_is_a_usage_error() -> None:
+    """A tenant argument of bytes that are not UTF-8 (Python carries them as
+    lone surrogates) would write a line the server refuses to load."""
+    res = subprocess.run([*HASH_TOKEN[:-1], b"bill\xffing"], input=b"s3cret\n", capture_output=True, timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stdout == b""
+    assert res.stderr.decode() == "fencepost: error: hash-token: --tenant is not UTF-8 text\n"

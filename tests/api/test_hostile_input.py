@@ -251,6 +251,21 @@ async def test_txn_limit_is_100_operations_everywhere(storage: Storage) -> None:
         assert (await c.txn(success=ops[:98], request_id="rq-98")).succeeded
 
 
+async def test_txn_over_the_limit_by_its_compares_alone_names_compares(storage: Storage) -> None:
+    """The compares count in every branch: when they alone are over the limit
+    (no op in either branch), the field to shrink is `compares`, not an empty
+    branch; when a branch tips the count over, it is that branch."""
+    async with running(storage) as srv, srv.client(timeout=30) as c:
+        checks = [fencepost.compare(f"c/{i:03d}", exists=False) for i in range(101)]
+        for compares, success, field in ((checks, [], "compares"), (checks[:99], [], "compares"),
+                                         (checks[:50], [fencepost.put_op(f"t/{i}", b"v") for i in range(51)],
+                                          "success_ops")):
+            rid = "rq" if len(compares) == 99 else ""
+            with pytest.raises(errors.FencepostError) as err:
+                await c.txn(compares, success, request_id=rid)
+            assert (err.value.reason, list(err.value.field_violations)) == (reasons.TXN_TOO_LARGE, [field])
+
+
 # -- 4: COMMIT_TOO_LARGE names the limit, the size and the field ---------------------------
 async def test_commit_too_large_carries_limit_size_and_field(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=10) as c:

@@ -1,7 +1,7 @@
 """The identity files' entries are typed: a tenant, role or name that is not
-a string is refused when the file is read (at start-up, and on SIGHUP, which
-keeps the previous map), never accepted and turned into INTERNAL on every
-call of that identity."""
+a string, or a tenant no key can hold (a lone surrogate), is refused when the
+file is read (at start-up, and on SIGHUP, which keeps the previous map), never
+accepted and turned into INTERNAL on every call of that identity."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def _tokens(path: Path, **entry: object) -> Path:
     pytest.param({"tenant": {"x": 1}}, id="tenant-object"),
     pytest.param({"tenant": "t", "role": None}, id="role-null"),
     pytest.param({"tenant": "t", "name": 7}, id="name-int"),
+    # JSON's \ud800 escape loads as a lone surrogate: no key can be built from it
+    pytest.param({"tenant": "\ud800"}, id="tenant-lone-surrogate"),
 ])
 def test_a_mistyped_entry_is_refused_and_a_reload_keeps_the_previous_map(tmp_path: Path, entry: dict) -> None:
     path = _tokens(tmp_path / "tokens.json", tenant="t", role="service")
@@ -39,5 +41,8 @@ def test_a_mistyped_entry_is_refused_and_a_reload_keeps_the_previous_map(tmp_pat
 def test_a_mistyped_spiffe_entry_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "spiffe.json"
     path.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": 12, "role": "service"}]}))
+    with pytest.raises(ValueError, match="'tenant'"):
+        IdentityMap(None, path)
+    path.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": "t\udc80", "role": "service"}]}))
     with pytest.raises(ValueError, match="'tenant'"):
         IdentityMap(None, path)

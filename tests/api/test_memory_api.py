@@ -192,6 +192,35 @@ async def test_record_too_large_is_a_declared_reason(client: fencepost.AsyncClie
         assert "RECORD_TOO_LARGE" in (declared_reasons(f"/fencepost.v1.MemoryService/{rpc}") or ())
 
 
+async def test_record_too_large_names_the_field_that_grew_the_record(client: fencepost.AsyncClient) -> None:
+    """A record can outgrow the lane through any field without a cap of its
+    own; the refusal names that field, not `metadata` when none was sent."""
+    big = "x" * 17_000
+    grown = {
+        "provenance.session_id": {"session_id": big},
+        "provenance.channel": {"channel": big},
+        "supersedes": {"supersedes": big},
+        "metadata": {"metadata": {"blob": big}, "supersedes": "y" * 100},
+    }
+    for field, fields in grown.items():
+        with pytest.raises(errors.RecordTooLarge) as refused:
+            await client.memory_append(A, "small fact", **fields)
+        assert list(refused.value.field_violations) == [field]
+    for field, value in (("id", big), ("supersedes", big), ("provenance.session_id", big)):
+        entry = pb.MemoryEntry(id="imp-1", content="small fact")
+        entry.created_at.FromDatetime(datetime(2024, 1, 2, tzinfo=timezone.utc))
+        if field == "id":
+            entry.id = value
+        elif field == "supersedes":
+            entry.supersedes = value
+        else:
+            entry.provenance.session_id = value
+        with pytest.raises(errors.RecordTooLarge) as refused:
+            await client.memory_import(A, [pb.MemoryEntry(id="fine", content="c", created_at=entry.created_at), entry])
+        assert list(refused.value.field_violations) == [f"entries[1].{field}"]
+    assert (await client.memory_list(A)).entries == []
+
+
 class _LaneAlwaysTaken(MemoryStorage):
     """Every append to a memory lane loses the race for its position (as
     under a writer that always gets there first)."""

@@ -140,6 +140,19 @@ async def test_mtls_spiffe_identity_maps_to_its_tenant(tmp_path: Path) -> None:
                                          retry=fencepost.NO_RETRY) as c:
             with pytest.raises(errors.Unauthenticated):
                 await c.get("via-mtls")
+        # An SVID names exactly one SPIFFE id: a certificate naming two is ambiguous and
+        # refused, whichever order they come in (other URI SANs are not identities)
+        for uris in (("spiffe://test.example/ns/a/sa/runtime", "spiffe://test.example/ns/x/sa/other"),
+                     ("spiffe://test.example/ns/x/sa/other", "spiffe://test.example/ns/a/sa/runtime")):
+            cert, key = pki.client(*uris)
+            async with fencepost.AsyncClient(target, credentials=grpc.ssl_channel_credentials(pki.ca_pem, key, cert),
+                                             options=opts, retry=fencepost.NO_RETRY) as c:
+                with pytest.raises(errors.Unauthenticated):
+                    await c.get("via-mtls")
+        cert, key = pki.client("spiffe://test.example/ns/a/sa/runtime", "https://test.example/docs")
+        async with fencepost.AsyncClient(target, credentials=grpc.ssl_channel_credentials(pki.ca_pem, key, cert),
+                                         options=opts, retry=fencepost.NO_RETRY) as c:
+            assert (await c.get("via-mtls")) is not None
     finally:
         await app.stop(grace=0.2)
 
@@ -257,6 +270,16 @@ async def test_forwarded_client_cert_quoted_values_name_no_identity(tmp_path: Pa
             with pytest.raises(errors.Unauthenticated):
                 await c.put("k", b"v")
         assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k"]
+        # Envoy writes one URI pair per URI SAN: as over mTLS, the identity is the one
+        # SPIFFE id among them, and a certificate naming two is ambiguous and refused
+        async with client("Hash=abc;URI=https://mesh/docs;URI=spiffe://mesh/ns/b/sa/x") as c:
+            await c.put("k2", b"v")
+        for uris in ("URI=spiffe://mesh/ns/b/sa/x;URI=spiffe://mesh/ns/a/sa/admin",
+                     "URI=spiffe://mesh/ns/a/sa/admin;URI=spiffe://mesh/ns/b/sa/x"):
+            async with client(f"Hash=abc;{uris}") as c:
+                with pytest.raises(errors.Unauthenticated):
+                    await c.put("k3", b"v")
+        assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k", "tenant-b/kv/k2"]
     finally:
         await app.stop(grace=0.2)
 

@@ -189,7 +189,9 @@ class MemoryServiceServicer:
         PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
         trust label: drop the label or ask an operator; metadata `role`);
         INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-        included, is over 16320 bytes: shrink the metadata, nothing was written);
+        included, is over 16320 bytes: shrink the field the BadRequest violation
+        names, the one that grows it most of metadata, supersedes,
+        provenance.session_id and provenance.channel; nothing was written);
         ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
         write: retry it, with the same request_id).
         Idempotent when retried with the same request_id.
@@ -323,7 +325,8 @@ class MemoryServiceServicer:
         call may have landed a prefix: re-run it.
         Errors: the common ones; PERMISSION_DENIED (not an operator);
         CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
-        (an entry over 16384 bytes as recorded, metadata included) naming the
+        (an entry over 16384 bytes as recorded, metadata included; the
+        violation names the entry's field that grows it most) naming the
         entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
         agent's record lane kept moving under a chunk: re-run the import).
         Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).

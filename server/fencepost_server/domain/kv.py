@@ -280,14 +280,18 @@ class KvStore:
             limit = self.limits.max_txn_ops
             if ops > limit:
                 with_marker = " (a request_id takes 2 of them)" if marker_ops else ""
+                # the compares count in either branch: over by themselves, they are what to shrink
+                over = "compares" if len(compares) + marker_ops > limit else name
                 raise InvalidArgument(
                     reasons.TXN_TOO_LARGE,
                     f"transaction has {ops} operations{with_marker}, over the limit of {limit}",
-                    {"limit": limit, "size": ops}, field=name,
+                    {"limit": limit, "size": ops}, field=over,
                 )
-            size += sum(len(c.key.encode()) + len(c.expect.value or b"") for c in compares)
+            compared = sum(len(c.key.encode()) + len(c.expect.value or b"") for c in compares)
+            size += compared
             if size > self.limits.max_txn_bytes:
-                raise limit_error(reasons.TXN_TOO_LARGE, "transaction", self.limits.max_txn_bytes, size, field=name)
+                over = "compares" if compared > self.limits.max_txn_bytes else name
+                raise limit_error(reasons.TXN_TOO_LARGE, "transaction", self.limits.max_txn_bytes, size, field=over)
 
 
 def _scope_write(keys: TenantKeys, w: Write) -> Write:

@@ -83,6 +83,8 @@ class MutualTlsSource:
         ids = spiffe_ids(cert)
         if not ids:
             raise _refuse("client certificate has no SPIFFE URI SAN")
+        if len(ids) > 1:  # an X.509-SVID names exactly one: which one the call is would be a guess
+            raise _refuse(f"client certificate has {len(ids)} SPIFFE URI SANs (an SVID has exactly one)")
         identity = self.identities.by_spiffe(ids[0])
         if identity is None:
             raise _refuse(f"SPIFFE id {ids[0]} is not mapped to a tenant")
@@ -105,10 +107,13 @@ class ForwardedCertSource:
         elements = xfcc_elements(value)
         if elements is None:
             raise _refuse("x-forwarded-client-cert is malformed (an unterminated quoted value)")
-        # The last element is the hop closest to us (the sidecar's own peer).
-        uris = [v for k, v in elements[-1] if k.lower() == "uri"]
+        # The last element is the hop closest to us (the sidecar's own peer);
+        # Envoy writes one URI pair per URI SAN: the SPIFFE ones count, as over mTLS.
+        uris = [v for k, v in elements[-1] if k.lower() == "uri" and v.startswith("spiffe://")]
         if not uris:
-            raise _refuse("x-forwarded-client-cert carries no URI")
+            raise _refuse("x-forwarded-client-cert carries no SPIFFE URI")
+        if len(uris) > 1:
+            raise _refuse(f"x-forwarded-client-cert carries {len(uris)} SPIFFE URIs (an SVID has exactly one)")
         identity = self.identities.by_spiffe(uris[0])
         if identity is None:
             raise _refuse(f"SPIFFE id {uris[0]} is not mapped to a tenant")

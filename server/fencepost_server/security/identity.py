@@ -46,6 +46,12 @@ def _identity(entry: dict[str, str], subject: str, where: str) -> Identity:
         raise ValueError(f"{where}: entry {subject!r} has a 'tenant' that is not a string")
     if not tenant:
         raise ValueError(f"{where}: entry {subject!r} has no tenant")
+    # JSON's "\ud800" escape loads as a lone surrogate, which no key can hold
+    try:
+        tenant.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}: entry {subject!r} has a 'tenant' that is not valid Unicode "
+                         "(a lone surrogate)") from None
     if role not in ROLES:
         raise ValueError(f"{where}: entry {subject!r} has role {role!r} (expected one of {ROLES})")
     return Identity(tenant, role, subject)

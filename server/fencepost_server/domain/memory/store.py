@@ -121,6 +121,21 @@ class _Decision:
     finish: Callable[[Fold], Any]
 
 
+def _grown_by(e: Entry, *, imported: bool = False) -> str:
+    """The request field that grows a record the most, for RECORD_TOO_LARGE:
+    content and about have caps of their own, these fields do not (ties go to
+    metadata, then in this order)."""
+    sizes = {
+        "metadata": len(encode_record(e.metadata)) if e.metadata else 0,
+        "supersedes": len((e.supersedes or "").encode()),
+        "provenance.session_id": len(e.session_id.encode()),
+        "provenance.channel": len(e.channel.encode()),
+    }
+    if imported:  # an imported id is the caller's, a minted one is short
+        sizes["id"] = len(e.id.encode())
+    return max(sizes, key=lambda field: sizes[field])
+
+
 def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -273,11 +288,12 @@ class MemoryStore:
         )
         size = len(encode_record(entry_record(draft, request_id, fp)))
         if size > rules.RECORD_MAX_BYTES - 64:  # room for the id and timestamp
+            grown = _grown_by(draft)
             raise InvalidArgument(
                 reasons.RECORD_TOO_LARGE,
                 f"the entry is {size} bytes as recorded, over the limit of {rules.RECORD_MAX_BYTES - 64}"
-                " (metadata is what grows it)",
-                {"limit": rules.RECORD_MAX_BYTES - 64, "size": size}, field="metadata",
+                f" ({grown} is what grows it)",
+                {"limit": rules.RECORD_MAX_BYTES - 64, "size": size}, field=grown,
             )
 
         def decide(folded: Fold, at: int) -> _Decision:
@@ -404,7 +420,7 @@ class MemoryStore:
             if size > rules.RECORD_MAX_BYTES:
                 raise InvalidArgument(
                     reasons.RECORD_TOO_LARGE, f"{where} is {size} bytes as recorded, over {rules.RECORD_MAX_BYTES}",
-                    {"limit": rules.RECORD_MAX_BYTES, "size": size}, field=f"{where}.metadata",
+                    {"limit": rules.RECORD_MAX_BYTES, "size": size}, field=f"{where}.{_grown_by(entry, imported=True)}",
                 )
             cleaned.append(entry)
         imported = 0

@@ -3888,7 +3888,9 @@ export const MemoryServiceService = {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * included, is over 16320 bytes: shrink the field the BadRequest violation
+   * names, the one that grows it most of metadata, supersedes,
+   * provenance.session_id and provenance.channel; nothing was written);
    * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
    * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
@@ -4094,7 +4096,8 @@ export const MemoryServiceService = {
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
-   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * (an entry over 16384 bytes as recorded, metadata included; the
+   * violation names the entry's field that grows it most) naming the
    * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
    * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -4145,7 +4148,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * included, is over 16320 bytes: shrink the field the BadRequest violation
+   * names, the one that grows it most of metadata, supersedes,
+   * provenance.session_id and provenance.channel; nothing was written);
    * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
    * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
@@ -4249,7 +4254,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
-   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * (an entry over 16384 bytes as recorded, metadata included; the
+   * violation names the entry's field that grows it most) naming the
    * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
    * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
@@ -4278,7 +4284,9 @@ export interface MemoryServiceClient extends Client {
    * PERMISSION_DENIED / PERMISSION_DENIED (a service token set the operator
    * trust label: drop the label or ask an operator; metadata `role`);
    * INVALID_ARGUMENT / RECORD_TOO_LARGE (the entry as recorded, metadata
-   * included, is over 16320 bytes: shrink the metadata, nothing was written);
+   * included, is over 16320 bytes: shrink the field the BadRequest violation
+   * names, the one that grows it most of metadata, supersedes,
+   * provenance.session_id and provenance.channel; nothing was written);
    * ABORTED / TXN_CONTENDED (the agent's record lane kept moving under the
    * write: retry it, with the same request_id).
    * Idempotent when retried with the same request_id.
@@ -4522,7 +4530,8 @@ export interface MemoryServiceClient extends Client {
    * call may have landed a prefix: re-run it.
    * Errors: the common ones; PERMISSION_DENIED (not an operator);
    * CONTENT_TOO_LARGE / ABOUT_TOO_LARGE / FIELD_INVALID / RECORD_TOO_LARGE
-   * (an entry over 16384 bytes as recorded, metadata included) naming the
+   * (an entry over 16384 bytes as recorded, metadata included; the
+   * violation names the entry's field that grows it most) naming the
    * entry (nothing of the call is written); ABORTED / TXN_CONTENDED (the
    * agent's record lane kept moving under a chunk: re-run the import).
    * Roles: operator only (a service token gets PERMISSION_DENIED / PERMISSION_DENIED).
