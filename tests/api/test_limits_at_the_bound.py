@@ -116,6 +116,14 @@ async def test_each_limit_takes_its_bound_and_refuses_one_past_it(operator: Rpc,
          reasons.ABOUT_TOO_LARGE, "about", 12),
         ("about bytes", "MemoryService/Append", {"agent_id": "ag", "content": "c", "about": ["é" * 128, "b" * 256]},
          {"agent_id": "ag", "content": "c", "about": ["é" * 128, "b" * 257]}, reasons.ABOUT_TOO_LARGE, "about", 512),
+        # AIP-155 request ids: characters, on every service that takes one
+        ("kv request id", "KvService/Put", {"key": "rq", "value": b"v", "request_id": "é" * 128},
+         {"key": "rq", "value": b"v", "request_id": "é" * 129}, reasons.FIELD_INVALID, "request_id", 128),
+        ("memory request id", "MemoryService/Append", {"agent_id": "ag", "content": "c", "request_id": "m" * 128},
+         {"agent_id": "ag", "content": "c", "request_id": "m" * 129}, reasons.FIELD_INVALID, "request_id", 128),
+        ("journal request id", "JournalService/AppendTurn",
+         {"agent": "ag", "record": _turn("u"), "request_id": "j" * 128},
+         {"agent": "ag", "record": _turn("u"), "request_id": "j" * 129}, reasons.FIELD_INVALID, "request_id", 128),
     ]
     # Limits on a whole record: the overhead is learnt from one refusal, then the bound is hit exactly.
     measured: list[tuple[str, str, Any, int, str, str]] = [

@@ -69,7 +69,9 @@ class PutEvalRunRequest(_message.Message):
     run_id: _builtins.str
     """The run id (non-empty; any string, encoded into one bounded key segment)."""
     request_id: _builtins.str
-    """AIP-155 request id: a retry with the same id reports the first outcome."""
+    """AIP-155 request id (at most 128 characters): a retry with the same id
+    reports the first outcome.
+    """
     @_builtins.property
     def snapshot(self) -> _struct_pb2.Struct:
         """The snapshot, a JSON object (at most the value limit once stored)."""
@@ -178,7 +180,7 @@ class DeleteEvalRunRequest(_message.Message):
     run_id: _builtins.str
     """The run id."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -465,7 +467,7 @@ class PutAbSnapshotRequest(_message.Message):
     agent: _builtins.str
     """The agent."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     @_builtins.property
     def snapshot(self) -> _struct_pb2.Struct:
         """The aggregate, a JSON object (at most the value limit once stored)."""

@@ -62,7 +62,9 @@ class PutRequest(_message.Message):
     value: _builtins.bytes
     """The value (at most 256 KiB)."""
     request_id: _builtins.str
-    """AIP-155 request id: a retry with the same id reports the first outcome."""
+    """AIP-155 request id (at most 128 characters): a retry with the same id
+    reports the first outcome.
+    """
     def __init__(
         self,
         *,
@@ -163,7 +165,7 @@ class DeleteRequest(_message.Message):
     key: _builtins.str
     """The key."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -324,7 +326,7 @@ class PutIfAbsentRequest(_message.Message):
     value: _builtins.bytes
     """The value."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -383,7 +385,7 @@ class PutIfVersionRequest(_message.Message):
     expected_version: _builtins.str
     """The version the caller read."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -440,7 +442,7 @@ class DeleteIfVersionRequest(_message.Message):
     expected_version: _builtins.str
     """The version the caller read."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -647,7 +649,7 @@ class TxnRequest(_message.Message):
     FAILURE_OPS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     @_builtins.property
     def compares(self) -> _containers.RepeatedCompositeFieldContainer[Global___Compare]:
         """All must hold for success_ops to apply."""

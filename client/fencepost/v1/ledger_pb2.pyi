@@ -756,7 +756,9 @@ class CommitRequest(_message.Message):
     expected_seq: _builtins.int
     """The head seq the caller built on."""
     commit_id: _builtins.str
-    """Idempotency key: a retry with the same id returns the first result."""
+    """Idempotency key: a retry with the same id returns the first result (at
+    most 256 characters, else FIELD_INVALID).
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Up to 64 records' data, appended in order."""
@@ -929,7 +931,9 @@ class DeliverRequest(_message.Message):
     payload: _builtins.bytes
     """The event (at most 256 KiB)."""
     dedupe_key: _builtins.str
-    """At-least-once sources: the same key parks once, ever."""
+    """At-least-once sources: the same key parks once, ever (at most 1024
+    characters, else FIELD_INVALID).
+    """
     try_lease: _builtins.str
     """When set, the holder id that tries the lease after parking (at most
     1024 characters, else FIELD_INVALID before anything is parked). A live

@@ -621,7 +621,7 @@ class MemoryServiceForgetRequest(_message.Message):
     id: _builtins.str
     """The entry id."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -734,7 +734,7 @@ class MemoryServiceReassertTrustRequest(_message.Message):
     trust: Global___MemoryTrust.ValueType
     """The new label (must be specified)."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -787,7 +787,7 @@ class MemoryServicePinRequest(_message.Message):
     id: _builtins.str
     """A live entry of this agent."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,
@@ -851,7 +851,7 @@ class MemoryServiceUnpinRequest(_message.Message):
     id: _builtins.str
     """The pinned entry id."""
     request_id: _builtins.str
-    """AIP-155 request id."""
+    """AIP-155 request id (at most 128 characters)."""
     def __init__(
         self,
         *,

@@ -67,6 +67,7 @@ from .ledger.erasing import (
     marker_prefix,
     marker_value,
 )
+from .requests import check_request_id
 from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.erasure")
@@ -140,9 +141,7 @@ class Eraser(EraseSteps):
         # operation's record keeps the name, and must fit one DynamoDB item
         if agent is not None:
             check_erasable_agent(agent, reasons.AGENT_NAME_INVALID, "agent")
-        if len(request_id) > 128:
-            raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters",
-                                  field="request_id")
+        check_request_id(request_id)
         seed = _op_seed(tenant, agent, request_id) if request_id else uuid.uuid4().hex
         op_id = digest(seed)[:32]
         now = self.clock()

@@ -50,7 +50,7 @@ from .keys import TenantKeys
 from .limits import Limits
 from .paging import PageTokens, page_size
 from .prefix import delete_prefix
-from .requests import RequestLog
+from .requests import RequestLog, check_request_id
 from .throttled_log import ThrottledWarning
 
 log = logging.getLogger("fencepost.journal")
@@ -319,8 +319,7 @@ class Journal:
         different record is REQUEST_ID_REUSED (never acked)."""
         check_agent(agent, field_prefix + "agent")
         line = self.encode_record(fields, extra, field_prefix + "record")
-        if len(request_id) > 128:
-            raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id")
+        check_request_id(request_id)
         entry = Entry(self.ids.next(), request_id, line)
         keys = _keys(tenant, agent)
         if not request_id:

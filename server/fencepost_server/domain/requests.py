@@ -64,6 +64,19 @@ def _outcome_json(versions: Sequence[str | None], failed: Sequence[int], note: s
     return json.dumps(outcome).encode()
 
 
+#: AIP-155 request ids: at most this many characters, on every service
+MAX_REQUEST_ID_CHARS = 128
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(
+            reasons.FIELD_INVALID,
+            f"request_id is {len(request_id)} characters, over the limit of {MAX_REQUEST_ID_CHARS}",
+            {"limit": MAX_REQUEST_ID_CHARS, "size": len(request_id)}, field="request_id",
+        )
+
+
 class RequestLog:
     def __init__(self, storage: Storage, clock: Callable[[], float] = time.time) -> None:
         self.storage = storage
@@ -105,10 +118,7 @@ class RequestLog:
         build's form of it), matched as the same request on a replay."""
         if not request_id:
             return await self.storage.transact(checks, writes)
-        if len(request_id) > 128:
-            raise InvalidArgument(
-                reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id"
-            )
+        check_request_id(request_id)
         # The versions are chosen here so the marker can record them in the same
         # transaction: a replay reports what the first attempt wrote.
         writes = [Put(w.key, w.value, w.expect, w.version or "r" + random_hex()) if isinstance(w, Put) else w

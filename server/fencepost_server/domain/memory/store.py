@@ -40,6 +40,7 @@ from ...storage import Expect, PersistenceUncertain, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys, check_erasable_agent
 from ..limits import Limits
+from ..requests import check_request_id
 from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
 from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
@@ -259,17 +260,12 @@ class MemoryStore:
             )
         return seen[1]
 
-    @staticmethod
-    def _check_request_id(request_id: str) -> None:
-        if len(request_id) > 128:
-            raise InvalidArgument(reasons.FIELD_INVALID, "request_id is longer than 128 characters", field="request_id")
-
     # -- writes ---------------------------------------------------------------------------
     async def append(
         self, tenant: str, agent: str, content: str, options: NewEntry = NewEntry(), request_id: str = ""
     ) -> Entry:
         check_agent(agent)
-        self._check_request_id(request_id)
+        check_request_id(request_id)
         rules.check_content(content)
         about = rules.clean_about(list(options.about))
         rules.check_about(about)
@@ -328,7 +324,7 @@ class MemoryStore:
         self, tenant: str, agent: str, kind: str, entry_id: str, request_id: str, trust: str = ""
     ) -> bool:
         check_agent(agent)
-        self._check_request_id(request_id)
+        check_request_id(request_id)
         fp = _fingerprint(kind, entry_id, trust)
 
         def decide(folded: Fold, at: int) -> _Decision:
@@ -352,7 +348,7 @@ class MemoryStore:
 
     async def pin(self, tenant: str, agent: str, entry_id: str, request_id: str = "") -> PinOutcome:
         check_agent(agent)
-        self._check_request_id(request_id)
+        check_request_id(request_id)
         fp = _fingerprint(PIN, entry_id)
 
         def outcome(folded: Fold) -> PinOutcome:

@@ -47,7 +47,10 @@ export interface PutEvalRunRequest {
   snapshot:
     | { [key: string]: any }
     | undefined;
-  /** AIP-155 request id: a retry with the same id reports the first outcome. */
+  /**
+   * AIP-155 request id (at most 128 characters): a retry with the same id
+   * reports the first outcome.
+   */
   requestId: string;
 }
 
@@ -77,7 +80,7 @@ export interface DeleteEvalRunRequest {
   agent: string;
   /** The run id. */
   runId: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -183,7 +186,7 @@ export interface PutAbSnapshotRequest {
   snapshot:
     | { [key: string]: any }
     | undefined;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 

@@ -39,7 +39,10 @@ export interface PutRequest {
   key: string;
   /** The value (at most 256 KiB). */
   value: Buffer;
-  /** AIP-155 request id: a retry with the same id reports the first outcome. */
+  /**
+   * AIP-155 request id (at most 128 characters): a retry with the same id
+   * reports the first outcome.
+   */
   requestId: string;
 }
 
@@ -69,7 +72,7 @@ export interface GetResponse {
 export interface DeleteRequest {
   /** The key. */
   key: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -119,7 +122,7 @@ export interface PutIfAbsentRequest {
   key: string;
   /** The value. */
   value: Buffer;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -139,7 +142,7 @@ export interface PutIfVersionRequest {
   value: Buffer;
   /** The version the caller read. */
   expectedVersion: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -157,7 +160,7 @@ export interface DeleteIfVersionRequest {
   key: string;
   /** The version the caller read. */
   expectedVersion: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -235,7 +238,7 @@ export interface TxnRequest {
   successOps: TxnOp[];
   /** Applied when any compare fails. */
   failureOps: TxnOp[];
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 

@@ -301,7 +301,10 @@ export interface CommitRequest {
   records: Buffer[];
   /** Up to 32 inbox ids removed in the same write. */
   consumeInboxIds: string[];
-  /** Idempotency key: a retry with the same id returns the first result. */
+  /**
+   * Idempotency key: a retry with the same id returns the first result (at
+   * most 256 characters, else FIELD_INVALID).
+   */
   commitId: string;
 }
 
@@ -362,7 +365,10 @@ export interface DeliverRequest {
     | undefined;
   /** The event (at most 256 KiB). */
   payload: Buffer;
-  /** At-least-once sources: the same key parks once, ever. */
+  /**
+   * At-least-once sources: the same key parks once, ever (at most 1024
+   * characters, else FIELD_INVALID).
+   */
   dedupeKey: string;
   /**
    * When set, the holder id that tries the lease after parking (at most

@@ -527,7 +527,7 @@ export interface MemoryServiceForgetRequest {
   agentId: string;
   /** The entry id. */
   id: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -563,7 +563,7 @@ export interface MemoryServiceReassertTrustRequest {
   id: string;
   /** The new label (must be specified). */
   trust: MemoryTrust;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -579,7 +579,7 @@ export interface MemoryServicePinRequest {
   agentId: string;
   /** A live entry of this agent. */
   id: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
@@ -601,7 +601,7 @@ export interface MemoryServiceUnpinRequest {
   agentId: string;
   /** The pinned entry id. */
   id: string;
-  /** AIP-155 request id. */
+  /** AIP-155 request id (at most 128 characters). */
   requestId: string;
 }
 
