@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -173,6 +174,8 @@ def _unreadable(exc: BaseException) -> ArchiveError:
     """The reader's failures, without the path (the commands name the file)."""
     if isinstance(exc, EOFError):  # gzip: the compressed stream stops early
         return ArchiveError(f"the archive is truncated ({exc})")
+    if isinstance(exc, zlib.error):  # gzip: a damaged compressed stream
+        return ArchiveError(f"the archive's compressed data is damaged ({exc})")
     return ArchiveError(f"cannot read the archive: {exc}")
 
 
@@ -185,7 +188,7 @@ class ArchiveReader:
         try:
             with _open(path, "rb") as f:
                 self.header = _header(f.readline())
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise _unreadable(exc) from exc
         self.trailer: Trailer | None = None
 
@@ -219,7 +222,7 @@ class ArchiveReader:
                     expected += 1
                     count += len(items)
                     yield items
-        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
             raise _unreadable(exc) from exc
         if complete and self.trailer is None:
             raise ArchiveError("the archive ends without its trailer (truncated)")
