@@ -119,3 +119,41 @@ def test_interrupted_again_and_again_then_exact(
     assert runs > 3
     assert asyncio.run(_items(target)) == expected
     assert main(argv) == Exit.OK  # once more: it only verifies again
+
+
+@pytest.mark.parametrize("route", [
+    pytest.param("sqlite->sqlite", id="sqlite-sqlite"),
+    pytest.param("dynamodb->sqlite", id="dynamodb-sqlite", marks=pytest.mark.backend("dynamodb")),
+])
+async def test_a_source_that_fails_mid_copy_exits_1_and_the_rerun_resumes(
+    tmp_path: Path, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source's read fails after some pages (an outage, a throttled
+    table past its retries): the command ends with exit 1 and says to run it
+    again - it used to wait forever for the next page - and the rerun
+    resumes and verifies."""
+    from fencepost_server.lifecycle import LifecycleError, migrate
+    from fencepost_server.storage import BackendUnavailable
+
+    source = await dynamo_url() if route.startswith("dynamodb") else f"sqlite://{tmp_path / 'source.db'}"
+    target = f"sqlite://{tmp_path / 'target.db'}"
+    expected = await _fill(source)
+    cls = DynamoStorage if route.startswith("dynamodb") else SqliteStorage
+    real = cls.export_items
+
+    async def fails_after_three_pages(self: Any, start_after: Any = None, page: int = 1000) -> Any:
+        n = 0
+        async for items in real(self, start_after, page):
+            if n == 3:
+                raise BackendUnavailable("the source stopped answering")
+            n += 1
+            yield items
+
+    monkeypatch.setattr(cls, "export_items", fails_after_three_pages)
+    with pytest.raises(LifecycleError) as failed:
+        await asyncio.wait_for(migrate(source, target, work_dir=tmp_path / "work", page=9), 20)
+    assert failed.value.code == Exit.FAILED and "run the same command again" in str(failed.value)
+    monkeypatch.setattr(cls, "export_items", real)
+    report = await migrate(source, target, work_dir=tmp_path / "work", page=9)
+    assert report.verification.same and report.resumed_after >= 9
+    assert await _items(target) == expected

@@ -124,8 +124,12 @@ async def _copy(
     pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
 
     async def read() -> None:
-        async for items in src.export_items(checkpoint.last_key, page):
-            await pages.put(items)
+        try:
+            async for items in src.export_items(checkpoint.last_key, page):
+                await pages.put(items)
+        except Exception:
+            await pages.put(None)  # no page follows; `await reader` raises the failure
+            raise
         await pages.put(None)
 
     async def settle_oldest() -> None:
