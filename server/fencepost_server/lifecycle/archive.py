@@ -22,10 +22,12 @@ any other.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -97,6 +99,8 @@ class ArchiveWriter:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self._file = _open(self.partial, "wb")
+        with contextlib.suppress(FileNotFoundError):  # renamed over an existing archive: it keeps its mode
+            os.chmod(self.partial, stat.S_IMODE(path.stat().st_mode))
         line = header.line()
         self._file.write(line)
         self._digest = hashlib.sha256(line)
