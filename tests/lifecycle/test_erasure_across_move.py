@@ -159,3 +159,61 @@ async def test_a_stale_erasure_marker_from_a_mixed_read_does_not_refuse_sessions
             assert (await c.get_session(sid)).session_id == sid
     finally:
         await target.close()
+
+
+@pytest.mark.parametrize("route", [
+    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
+    pytest.param("restore", id="restore-sqlite-sqlite"),
+])
+async def test_a_delete_session_cut_short_is_swept_on_the_new_store(tmp_path: Path, route: str) -> None:
+    """DeleteSession's tombstone landed, its sweep did not (the call was cut
+    short); the store moved. The janitor on the new store finishes the sweep:
+    every read says SESSION_NOT_FOUND, nothing names the session, and its key
+    opens a new session."""
+    import fencepost
+    from fencepost import errors
+    from tests.raw_store import raw_keys_naming
+
+    source_url = f"sqlite://{tmp_path / 'source.db'}"
+    source = open_backend(source_url)
+    try:
+        async with running(source) as srv, srv.client(timeout=30) as c:
+            sid = (await c.open_session("agent", "chan")).session_id
+            lease = await c.acquire_lease(sid, "h", ttl=60)
+            await c.commit(sid, lease.generation, 0, [b"r%d" % i for i in range(50)], commit_id="c1")
+            await c.deliver(b"B" * (70 * 1024), session_id=sid)  # pending, with a blob
+            kept = (await c.open_session("agent", "other")).session_id
+    finally:
+        await source.close()
+    source = open_backend(source_url)
+    try:  # the tombstone alone, a minute ago
+        await Ledger(source, clock=lambda: time.time() - 60).tombstone(TENANT, sid, force=True)
+    finally:
+        await source.close()
+
+    if route == "migrate":
+        target_url = await dynamo_url()
+        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
+    else:
+        target_url = f"sqlite://{tmp_path / 'target.db'}"
+        assert cli("backup", "--backend", source_url, "--out", str(tmp_path / "x.arch")).returncode == 0
+        done = cli("restore", "--backend", target_url, "--in", str(tmp_path / "x.arch"))
+    assert done.returncode == 0, done.stderr
+
+    target = _open(target_url)
+    try:
+        assert raw_keys_naming(target, sid)
+        async with running(target, ledger_janitor_seconds=0.2, ledger_orphan_grace_seconds=1) as srv, \
+                fencepost.AsyncClient(srv.target, timeout=30) as c:
+            with pytest.raises(errors.SessionNotFound):
+                await c.get_session(sid)
+            for _ in range(300):
+                if not raw_keys_naming(target, sid):
+                    break
+                await asyncio.sleep(0.1)
+            assert raw_keys_naming(target, sid) == [], "the janitor left the session on the new store"
+            fresh = (await c.open_session("agent", "chan")).session_id
+            assert fresh != sid
+            assert (await c.get_session(kept)).session_id == kept
+    finally:
+        await target.close()
