@@ -95,3 +95,22 @@ def test_a_source_written_after_the_copy_exits_5(tmp: Path) -> None:
     fill(f"sqlite://{tmp / 'a.db'}", 13)  # one more item: a server still writing
     done = cli(*argv)
     assert done.returncode == 5 and "VERIFICATION FAILED" in done.stderr and str(work) in done.stderr
+
+
+@pytest.mark.parametrize("source", ["missing table", "no endpoint"])
+def test_a_source_that_does_not_answer_is_named_before_anything_is_written(
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 1 names a missing source table or an endpoint that does not answer
+    "before anything is read or written": no target file, no work directory
+    (a checkpoint and an empty SQLite file were left behind)."""
+    from tests.dynamo_support import backend_url, unique_table
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    url = (backend_url(unique_table()) if source == "missing table" else
+           f"dynamodb://t?endpoint=http://127.0.0.1:{_closed_port()}&region=us-east-1&attempts=1")
+    done = cli("migrate", "--from", url, "--to", f"sqlite://{tmp_path / 'b.db'}", "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 1, done.stderr
+    assert url in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
