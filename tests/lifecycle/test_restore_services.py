@@ -1,5 +1,5 @@
-"""`fencepost backup` then `fencepost restore`, run as an operator runs them
-(processes), over a store holding every service's data: served by a real
+"""`fencepost backup` then `fencepost restore` (or `fencepost migrate`), run
+as an operator runs them (processes), over a store holding every service's data: served by a real
 server on each side, every read RPC answers the same, and what the move must
 keep keeps its meaning - versions, lease generations, commit ids, dedupe
 keys, request ids (a retry answers the first outcome) and page tokens."""
@@ -124,7 +124,7 @@ async def check_request_ids(c: fencepost.AsyncClient, r: Requests) -> None:
     assert await c.delete(key, request_id=rid), "a retried delete must report that it found the key"
 
 
-async def restore_round(source_url: str, target_url: str, tmp_path: Path) -> None:
+async def restore_round(source_url: str, target_url: str, tmp_path: Path, how: str = "restore") -> None:
     source = open_backend(source_url)
     try:
         async with running(source, **SERVER_SETTINGS) as srv, srv.client(timeout=30) as c:
@@ -136,12 +136,15 @@ async def restore_round(source_url: str, target_url: str, tmp_path: Path) -> Non
         await source.close()
     before_versions = await _all_versions(source_url)
 
-    archive = tmp_path / "backup.arch.gz"
-    done = cli("backup", "--backend", source_url, "--out", str(archive))
-    assert done.returncode == 0, done.stderr
-    assert "items" in done.stdout and ("snapshot" in done.stdout or "quiesced" in done.stdout)
-    assert archive.stat().st_mode & 0o777 == 0o600  # it holds every tenant's data
-    done = cli("restore", "--backend", target_url, "--in", str(archive))
+    if how == "migrate":
+        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
+    else:
+        archive = tmp_path / "backup.arch.gz"
+        done = cli("backup", "--backend", source_url, "--out", str(archive))
+        assert done.returncode == 0, done.stderr
+        assert "items" in done.stdout and ("snapshot" in done.stdout or "quiesced" in done.stdout)
+        assert archive.stat().st_mode & 0o777 == 0o600  # it holds every tenant's data
+        done = cli("restore", "--backend", target_url, "--in", str(archive))
     assert done.returncode == 0, done.stderr
     assert "verified" in done.stdout and "identical" in done.stdout and "warning" not in done.stderr
 
@@ -174,3 +177,13 @@ async def test_dynamodb_backup_restores_into_sqlite_with_every_answer(tmp_path: 
 
 async def test_sqlite_backup_restores_into_sqlite_with_every_answer(tmp_path: Path) -> None:
     await restore_round(f"sqlite://{tmp_path / 'source.db'}", f"sqlite://{tmp_path / 'target.db'}", tmp_path)
+
+
+@pytest.mark.backend("dynamodb")
+async def test_sqlite_migrated_into_dynamodb_keeps_request_ids_and_page_tokens(tmp_path: Path) -> None:
+    await restore_round(f"sqlite://{tmp_path / 'source.db'}", await dynamo_url(), tmp_path, "migrate")
+
+
+@pytest.mark.backend("dynamodb")
+async def test_dynamodb_migrated_into_sqlite_keeps_request_ids_and_page_tokens(tmp_path: Path) -> None:
+    await restore_round(await dynamo_url(), f"sqlite://{tmp_path / 'target.db'}", tmp_path, "migrate")
