@@ -57,3 +57,20 @@ def test_a_corrupt_compressed_stream_exits_4_and_writes_nothing(tmp_path: Path) 
     assert done.returncode == Exit.CORRUPT, done.stderr
     assert "unexpected" not in done.stderr and "damaged.arch.gz" in done.stderr
     assert not target.exists()
+
+
+def test_an_archive_naming_a_key_no_store_can_hold_is_damage(tmp_path: Path) -> None:
+    """JSON can spell a lone surrogate (`\\ud800`), which no stored key holds
+    and UTF-8 cannot encode: such an archive is damaged (exit 4), not an
+    unexpected error (exit 1)."""
+    archive = tmp_path / "odd.arch"
+    archive.write_text(
+        '{"format":"fencepost-archive","v":2,"created":"x","source":"sqlite","consistency":"snapshot",'
+        '"watermarks":[]}\n{"chunk":0,"items":[["\\ud800","",""]],"sha256":"00"}\n'
+    )
+    with pytest.raises(ArchiveError):
+        ArchiveReader(archive).verify()
+    target = tmp_path / "target.db"
+    done = cli("restore", "--backend", f"sqlite://{target}", "--in", str(archive))
+    assert done.returncode == Exit.CORRUPT, done.stderr
+    assert "unexpected" not in done.stderr and not target.exists()

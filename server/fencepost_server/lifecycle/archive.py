@@ -226,7 +226,7 @@ class ArchiveReader:
                     expected += 1
                     count += len(items)
                     yield items
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        except (OSError, EOFError, zlib.error, UnicodeError) as exc:  # UnicodeError: a key UTF-8 cannot hold
             raise _unreadable(exc) from exc
         if complete and self.trailer is None:
             raise ArchiveError("the archive ends without its trailer (truncated)")
