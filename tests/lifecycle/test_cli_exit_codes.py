@@ -25,7 +25,8 @@ def _closed_port() -> int:
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     fill(f"sqlite://{tmp_path / 'a.db'}", 12)
-    assert cli("backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(tmp_path / "a.arch")).returncode == 0
+    done = cli("backup", "--backend", f"sqlite://{tmp_path / 'a.db'}", "--out", str(tmp_path / "a.arch"))
+    assert done.returncode == 0, done.stderr
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     fill(f"sqlite://{tmp_path / 'full.db'}", 1)
@@ -90,7 +91,8 @@ def test_migrate_work_dir_of_another_migration_and_a_replaced_target(tmp: Path) 
 def test_a_source_written_after_the_copy_exits_5(tmp: Path) -> None:
     """Verification reads the live source: a write after the snapshot is a difference."""
     work = tmp / "w"
-    argv = ["migrate", "--from", f"sqlite://{tmp / 'a.db'}", "--to", f"sqlite://{tmp / 'b.db'}", "--work-dir", str(work)]
+    argv = ["migrate", "--from", f"sqlite://{tmp / 'a.db'}", "--to", f"sqlite://{tmp / 'b.db'}",
+            "--work-dir", str(work)]
     assert cli(*argv).returncode == 0
     fill(f"sqlite://{tmp / 'a.db'}", 13)  # one more item: a server still writing
     done = cli(*argv)
