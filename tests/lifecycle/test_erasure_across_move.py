@@ -48,8 +48,9 @@ def _open(url: str) -> Storage:
 
 async def _crash_an_erasure(url: str, steps: int) -> str:
     """Start erasing `doomed-agent` as a replica whose clock says two minutes
-    ago (its claim has long expired by the real clock), and die after `steps`."""
-    storage = open_backend(url)
+    ago (its claim has long expired by the real clock), and die after `steps`
+    (0: once the directory phase recorded the partition names it forgets)."""
+    storage = _open(url)
     try:
         clock = lambda: time.time() - 120  # noqa: E731
         eraser = Eraser(storage, Ledger(storage, clock=clock), clock=clock, claim_seconds=30)
@@ -58,7 +59,8 @@ async def _crash_an_erasure(url: str, steps: int) -> str:
 
         async def dies(state: dict[str, object], *held: Any) -> None:
             done[0] += 1
-            if done[0] > steps:
+            in_directory = state["phase"] == "directory" and state.get("waited") is not None
+            if (done[0] > steps) if steps else in_directory:
                 raise Crash  # as kill -9: the claim stays, nothing else is written
             await real(state, *held)
 
@@ -71,14 +73,16 @@ async def _crash_an_erasure(url: str, steps: int) -> str:
         await storage.close()
 
 
-@pytest.mark.parametrize("steps", [1, 4])
-@pytest.mark.parametrize("route", [
-    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
-    pytest.param("restore", id="restore-sqlite-sqlite"),
+@pytest.mark.parametrize(("route", "steps"), [
+    pytest.param("migrate", 1, id="migrate-sqlite-dynamodb-fence", marks=pytest.mark.backend("dynamodb")),
+    pytest.param("migrate", 4, id="migrate-sqlite-dynamodb-sweep", marks=pytest.mark.backend("dynamodb")),
+    pytest.param("restore", 1, id="restore-sqlite-sqlite-fence"),
+    pytest.param("restore", 4, id="restore-sqlite-sqlite-sweep"),
+    pytest.param("migrate back", 0, id="migrate-dynamodb-sqlite-directory", marks=pytest.mark.backend("dynamodb")),
 ])
 async def test_an_erasure_cut_short_is_finished_on_the_new_store(tmp_path: Path, route: str, steps: int) -> None:
-    source_url = f"sqlite://{tmp_path / 'source.db'}"
-    source = open_backend(source_url)
+    source_url = await dynamo_url() if route == "migrate back" else f"sqlite://{tmp_path / 'source.db'}"
+    source = _open(source_url)
     try:
         async with running(source, **JOURNALS) as srv, srv.client(timeout=30) as c:
             doomed = await write_everything(c, "doomed-agent")
@@ -87,8 +91,8 @@ async def test_an_erasure_cut_short_is_finished_on_the_new_store(tmp_path: Path,
         await source.close()
     name = await _crash_an_erasure(source_url, steps)
 
-    if route == "migrate":
-        target_url = await dynamo_url()
+    if route.startswith("migrate"):
+        target_url = await dynamo_url() if route == "migrate" else f"sqlite://{tmp_path / 'target.db'}"
         done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
     else:
         target_url = f"sqlite://{tmp_path / 'target.db'}"
