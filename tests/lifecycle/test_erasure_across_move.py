@@ -151,7 +151,8 @@ async def test_a_stale_erasure_marker_from_a_mixed_read_does_not_refuse_sessions
 
     target = open_backend(target_url)
     try:
-        async with running(target) as srv, fencepost.AsyncClient(srv.target, timeout=30) as c:
+        async with running(target, erasure_poll_seconds=0.2) as srv, \
+                fencepost.AsyncClient(srv.target, timeout=30) as c:
             for _ in range(100):
                 try:
                     sid = (await c.open_session("doomed-agent", "chan")).session_id
