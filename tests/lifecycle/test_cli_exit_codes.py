@@ -116,3 +116,35 @@ def test_a_source_that_does_not_answer_is_named_before_anything_is_written(
     assert done.returncode == 1, done.stderr
     assert url in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_verification_names_only_the_ranges_that_differ(tmp_path: Path) -> None:
+    """docs/lifecycle.md, Verification: ranges of 1000 source items; a
+    different item and an extra one each change only their own range, and
+    the command prints those ranges with their counts (exit 5)."""
+    import asyncio
+
+    from fencepost_server.storage import open_backend
+
+    source, target = f"sqlite://{tmp_path / 'a.db'}", f"sqlite://{tmp_path / 'b.db'}"
+
+    async def put(url: str, items: dict[str, bytes]) -> None:
+        storage = open_backend(url)
+        try:
+            for key, value in items.items():
+                await storage.put(key, value)
+        finally:
+            await storage.close()
+
+    asyncio.run(put(source, {f"t/kv/item-{i:04d}": b"v" for i in range(3500)}))  # four ranges
+    argv = ["migrate", "--from", source, "--to", target, "--work-dir", str(tmp_path / "w")]
+    assert cli(*argv).returncode == 0
+    # in the target: one item changed (range 2), one extra (range 4)
+    asyncio.run(put(target, {"t/kv/item-1500": b"changed", "t/kv/item-3000x": b"extra"}))
+    done = cli(*argv)
+    assert done.returncode == 5, done.stderr
+    assert "3500 items on the source, 3501 on the target; 2 of 4 key ranges differ" in done.stderr
+    ranges = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("range (")]
+    assert len(ranges) == 2, done.stderr
+    assert ranges[0].startswith("range ('t/kv/item-0999', 't/kv/item-1999']: 1000 items")
+    assert ranges[1].startswith("range ('t/kv/item-2999', end]: 500 items") and "vs 501 items" in ranges[1]
