@@ -68,3 +68,22 @@ async def test_a_snapshot_a_backup_and_a_migration_are_private(tmp_path: Path) -
     work = tmp_path / "work"
     await migrate(f"sqlite://{db}", f"sqlite://{tmp_path / 'dst.db'}", work_dir=work)
     assert _private(work) and _private(tmp_path / "dst.db")
+
+
+@pytest.mark.parametrize("name", ["b.arch", "b.arch.gz"])
+async def test_an_existing_archive_keeps_its_mode_when_backed_up_over(tmp_path: Path, name: str) -> None:
+    """The archive is written beside `--out` and renamed over it: the file
+    the operator left there (e.g. group-readable for a backup agent) keeps
+    its mode, as every existing file does."""
+    db = tmp_path / "src.db"
+    storage = SqliteStorage(db)
+    try:
+        await _put(storage, "k")
+    finally:
+        await storage.close()
+    out = tmp_path / name
+    out.touch()
+    out.chmod(0o640)
+    await backup(f"sqlite://{db}", out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert out.stat().st_size > 0

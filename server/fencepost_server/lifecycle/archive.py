@@ -22,10 +22,13 @@ any other.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import json
 import os
+import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -96,6 +99,8 @@ class ArchiveWriter:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self._file = _open(self.partial, "wb")
+        with contextlib.suppress(FileNotFoundError):  # renamed over an existing archive: it keeps its mode
+            os.chmod(self.partial, stat.S_IMODE(path.stat().st_mode))
         line = header.line()
         self._file.write(line)
         self._digest = hashlib.sha256(line)
@@ -173,6 +178,8 @@ def _unreadable(exc: BaseException) -> ArchiveError:
     """The reader's failures, without the path (the commands name the file)."""
     if isinstance(exc, EOFError):  # gzip: the compressed stream stops early
         return ArchiveError(f"the archive is truncated ({exc})")
+    if isinstance(exc, zlib.error):  # gzip: a damaged compressed stream
+        return ArchiveError(f"the archive's compressed data is damaged ({exc})")
     return ArchiveError(f"cannot read the archive: {exc}")
 
 
@@ -185,7 +192,7 @@ class ArchiveReader:
         try:
             with _open(path, "rb") as f:
                 self.header = _header(f.readline())
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise _unreadable(exc) from exc
         self.trailer: Trailer | None = None
 
@@ -219,7 +226,7 @@ class ArchiveReader:
                     expected += 1
                     count += len(items)
                     yield items
-        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        except (OSError, EOFError, zlib.error, UnicodeError) as exc:  # UnicodeError: a key UTF-8 cannot hold
             raise _unreadable(exc) from exc
         if complete and self.trailer is None:
             raise ArchiveError("the archive ends without its trailer (truncated)")

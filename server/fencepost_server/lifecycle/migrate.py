@@ -124,8 +124,12 @@ async def _copy(
     pages: asyncio.Queue[list[Item] | None] = asyncio.Queue(maxsize=2)
 
     async def read() -> None:
-        async for items in src.export_items(checkpoint.last_key, page):
-            await pages.put(items)
+        try:
+            async for items in src.export_items(checkpoint.last_key, page):
+                await pages.put(items)
+        except Exception:
+            await pages.put(None)  # no page follows; `await reader` raises the failure
+            raise
         await pages.put(None)
 
     async def settle_oldest() -> None:
@@ -197,6 +201,8 @@ async def _migrate(
     checkpoint_file = work / "checkpoint.json"
     checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
     loop = asyncio.get_running_loop()
+    if sqlite_path(source_url) is None:  # (a SQLite source file was checked up front)
+        await _check_source(source_url)  # before a target file or a checkpoint is made
     target = open_existing(target_url, may_create=True)
     try:
         if create_table:
@@ -247,6 +253,16 @@ async def _migrate(
     copied = checkpoint.copied - resumed_after
     return MigrationReport(resumed_after, copied, copy_seconds, verification, verify_seconds, src.consistency,
                            already_done)
+
+
+async def _check_source(url: str) -> None:
+    """A source table that does not exist or an endpoint that does not answer,
+    named before anything is written."""
+    probe = open_existing(url)
+    try:
+        await check_table(probe, url, target=False)
+    finally:
+        await probe.close()
 
 
 async def _copy_phase(
