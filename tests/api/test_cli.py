@@ -312,6 +312,10 @@ async def test_console_entry_points_as_processes(srv: RunningServer) -> None:
     # the `fencepost` command (server package) carries the same subcommands
     rc, out, _ = await _proc("-m", "fencepost_server", "kv", "get", "p/k", *ep, "--json")
     assert rc == 0 and json.loads(out)["value"] == "from stdin"
+    rc, _, _ = await _proc("-m", "fencepost", "kv", "put", "p/f", "--file", "-", *ep, stdin=b"\x00\xffbinary")
+    assert rc == 0
+    rc, out, _ = await _proc("-m", "fencepost", "kv", "get", "p/f", *ep, "--json")
+    assert rc == 0 and json.loads(out)["value_b64"] == "AP9iaW5hcnk="
     rc, out, _ = await _proc("-m", "fencepost_server", "kv", "cas", "p/k", "v2", "--expect", version + "0", *ep)
     assert rc == Exit.NOT_APPLIED and "not applied" in out
     rc, _, err = await _proc("-m", "fencepost", "kv", "get", "p/k", "--endpoint", f"127.0.0.1:{free_port()}")

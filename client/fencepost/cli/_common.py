@@ -224,10 +224,13 @@ def message_dict(msg: Message) -> dict[str, Any]:
 
 
 def read_input(value: str | None, file: Path | None, stdin: IO[bytes] | None = None) -> bytes:
-    """A payload argument: the literal VALUE, `-` for stdin, or `--file PATH`."""
+    """A payload argument: the literal VALUE, `-` for stdin, or `--file PATH`
+    (`--file -` reads stdin too; `--file ./-` names a file called `-`)."""
     if file is not None:
         if value is not None:
             raise UsageError("give VALUE or --file, not both")
+        if str(file) == "-":
+            return (stdin or sys.stdin.buffer).read()
         return file.read_bytes()
     if value is None:
         raise UsageError("a VALUE (or '-' for stdin, or --file PATH) is required")

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p = add_command(cmds, "put", _put, "write a key; prints the new version", parents)
     p.add_argument("key")
     p.add_argument("value", nargs="?", help="the value; '-' reads stdin")
-    p.add_argument("--file", type=Path, help="read the value from a file")
+    p.add_argument("--file", type=Path, help="read the value from a file ('-': stdin)")
 
     p = add_command(cmds, "del", _del, "delete a key (exit 3 when it was absent)", parents)
     p.add_argument("key")
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
                     "(exit 4 when not applied)", parents)
     p.add_argument("key")
     p.add_argument("value", nargs="?", help="the new value; '-' reads stdin")
-    p.add_argument("--file", type=Path, help="read the new value from a file")
+    p.add_argument("--file", type=Path, help="read the new value from a file ('-': stdin)")
     cond = p.add_mutually_exclusive_group(required=True)
     cond.add_argument("--expect", metavar="VERSION", help="apply only if the key's version is VERSION")
     cond.add_argument("--absent", action="store_true", help="apply only if the key does not exist")
