@@ -126,6 +126,13 @@ class ArchiveWriter:
         with self.partial.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(self.partial, self.path)
+        # the rename itself is durable only once the directory is: a backup
+        # that reported success must not vanish in a power loss
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return trailer
 
     def abandon(self) -> None:
