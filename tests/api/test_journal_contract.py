@@ -1,0 +1,205 @@
+"""spec/journal.md statement by statement, over gRPC against a real server on
+every backend: envelope handling, the rotation boundary, flush-on-read across
+rotations, archive paging, and acked appends across a server restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import fencepost
+from fencepost import errors
+from fencepost.journal import compact_json
+from fencepost.v1 import store_api_pb2
+from fencepost_server.storage import Storage
+from fencepost_server.storage.sqlite import SqliteStorage
+from tests.api.test_journal_api import append_env, envelope, read_env, record, snapshot
+from tests.api.test_unknown_fields import _unknown_fields
+from tests.conftest import RunningServer, running
+
+
+def tagged(i: int) -> dict[str, Any]:
+    return record(0, tag=f"t{i:03d}")  # every line the same length
+
+
+LINE = len(compact_json(tagged(0))) + 1  # a journal line and its newline
+
+
+async def everything(client: fencepost.AsyncClient, agent: str) -> list[str]:
+    """Archives (oldest first) then the live journal: every record's tag.
+    The read comes first: its flush is what rotates."""
+    live = await client.read_journal(agent)
+    tags = []
+    async for a in client.list_archives(agent, page_size=1):
+        tags.extend(r["tag"] for r in (await client.read_archive(agent, a.name)).records())
+    return tags + ([r["tag"] for r in live.records()] if live else [])
+
+
+async def test_the_answer_carries_the_request_version_and_ok(client: fencepost.AsyncClient) -> None:
+    res = await envelope(client, append_env("env"))
+    assert (res.v, res.ok, res.WhichOneof("result")) == (1, True, "memory_append") and res.memory_append.record_id
+    res = await envelope(client, read_env("env"))
+    assert (res.v, res.ok, res.WhichOneof("result")) == (1, True, "memory_read")
+    assert res.memory_read.journal.record_count == 1
+    assert res.memory_read.journal.size_bytes == len(res.memory_read.journal.jsonl)
+
+
+async def test_version_refusal_names_the_version_seen_and_the_versions_served(
+    storage: Storage, client: fencepost.AsyncClient
+) -> None:
+    for v in (-1, 2, 2**31 - 1):
+        with pytest.raises(errors.InvalidArgument) as err:
+            await envelope(client, read_env("env", v=v))
+        assert err.value.reason == "UNSUPPORTED_PROTOCOL_VERSION"
+        assert err.value.metadata == {"v": str(v), "served": "1"}
+    assert await snapshot(storage) == []
+
+
+@pytest.mark.parametrize("call", ["", "Memory.Append", "memory.append ", "memory", "memory.read.extra"])
+async def test_a_call_name_that_is_not_exactly_served_is_a_mismatch(
+    storage: Storage, client: fencepost.AsyncClient, call: str
+) -> None:
+    with pytest.raises(errors.InvalidArgument) as err:
+        await envelope(client, append_env("env", call=call))
+    assert err.value.reason == "CALL_PAYLOAD_MISMATCH"
+    assert err.value.metadata == {"call": call, "payload": "memory_append"}
+    assert await snapshot(storage) == []
+
+
+async def _raw_call(server: RunningServer, body: bytes) -> bytes:
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        call = channel.unary_unary(
+            "/fencepost.v1.StoreApiService/Call", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        return await call(body, timeout=10.0)
+
+
+async def test_unknown_fields_anywhere_in_an_envelope_are_ignored(server: RunningServer) -> None:
+    """A newer client's extra fields, on the envelope, the payload and the
+    record, are accepted; the journaled line holds only what v1 knows."""
+    req = append_env("newer")
+    payload = req.memory_append
+    rec = payload.record.SerializeToString() + _unknown_fields()
+    body_payload = store_api_pb2.MemoryAppendPayload(agent="newer").SerializeToString()
+    body_payload += b"\x12" + _len(rec) + rec + _unknown_fields()  # field 2 = record
+    body = store_api_pb2.CallRequest(v=1, call="memory.append").SerializeToString()
+    body += b"\x1a" + _len(body_payload) + body_payload + _unknown_fields()  # field 3 = memory_append
+    res = store_api_pb2.CallResponse.FromString(await _raw_call(server, body))
+    assert res.ok and res.memory_append.record_id
+    read = store_api_pb2.CallResponse.FromString(
+        await _raw_call(server, read_env("newer").SerializeToString() + _unknown_fields())
+    )
+    assert [json.loads(x) for x in read.memory_read.journal.jsonl.splitlines()] == [record()]
+
+
+def _len(b: bytes) -> bytes:
+    n, out = len(b), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+async def test_a_truncated_envelope_is_field_invalid_and_writes_nothing(
+    storage: Storage, server: RunningServer
+) -> None:
+    body = append_env("cut").SerializeToString()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _raw_call(server, body[:-3])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await snapshot(storage) == []
+
+
+async def test_the_live_journal_rotates_one_byte_past_max_journal_bytes(storage: Storage) -> None:
+    """Exactly at max_journal_bytes the journal stays live; the next record
+    archives it and starts a new generation."""
+    async with running(storage, max_journal_bytes=3 * LINE) as srv, srv.client(timeout=10.0) as client:
+        for i in range(3):
+            await client.append_turn("edge", tagged(i))
+        live = await client.read_journal("edge")
+        assert live is not None and live.size_bytes == 3 * LINE and live.record_count == 3
+        assert [a async for a in client.list_archives("edge")] == []
+        await client.append_turn("edge", tagged(3))
+        live = await client.read_journal("edge")
+        assert live is not None and [r["tag"] for r in live.records()] == ["t003"]
+        [archive] = [a async for a in client.list_archives("edge")]
+        assert (archive.size_bytes, archive.record_count) == (3 * LINE, 3)
+        assert archive.name.startswith("000001-")
+        content = await client.read_archive("edge", archive.name)
+        assert [r["tag"] for r in content.records()] == ["t000", "t001", "t002"]
+
+
+async def test_every_read_sees_every_ack_across_rotations(storage: Storage, scaled: Any) -> None:
+    """Flush-on-read across rotation boundaries: after each append, archives
+    plus the live journal are exactly the acked records, in order, each once."""
+    n = scaled(24, 10)
+    async with running(storage, max_journal_bytes=2 * LINE) as srv, srv.client(timeout=10.0) as client:
+        acked = []
+        for i in range(n):
+            await client.append_turn("rot", tagged(i))
+            acked.append(f"t{i:03d}")
+            assert await everything(client, "rot") == acked
+        archives = [a async for a in client.list_archives("rot")]
+        assert len(archives) == (n - 1) // 2
+        assert [a.name for a in archives] == sorted(a.name for a in archives)
+        assert [int(a.name.split("-")[0]) for a in archives] == list(range(1, len(archives) + 1))
+
+
+async def test_archive_listing_pages_and_refuses_bad_paging(storage: Storage) -> None:
+    async with running(storage, max_journal_bytes=LINE) as srv, srv.client(timeout=10.0) as client:
+        for i in range(6):
+            await client.append_turn("pages", tagged(i))
+        await client.read_journal("pages")
+        all_names = [a.name for a in (await client.list_archives_page("pages", page_size=1000))[0]]
+        assert len(all_names) == 5
+        names, token = [], ""
+        while True:
+            page, token = await client.list_archives_page("pages", page_size=2, page_token=token)
+            assert len(page) <= 2
+            names.extend(a.name for a in page)
+            if not token:
+                break
+        assert names == all_names
+        _, token = await client.list_archives_page("pages", page_size=2)
+        with pytest.raises(errors.PageTokenInvalid):
+            await client.list_archives_page("other", page_size=2, page_token=token)
+        with pytest.raises(errors.PageSizeInvalid):
+            await client.list_archives_page("pages", page_size=-1)
+        clamped, token = await client.list_archives_page("pages", page_size=5000)
+        assert [a.name for a in clamped] == all_names and token == ""
+
+
+async def test_acked_appends_survive_a_server_restart_on_sqlite(tmp_path: Path) -> None:
+    """Acked appends, unflushed (a long flush interval) and then flushed, are
+    all there after the server and its SQLite file are closed and reopened;
+    ids keep their order after the restart."""
+    path = tmp_path / "journal.db"
+    quiet = {"journal_flush_seconds": 3600.0, "max_journal_bytes": 4 * LINE}
+
+    async def serve() -> tuple[SqliteStorage, Any]:
+        storage = SqliteStorage(path, synchronous="FULL")
+        return storage, running(storage, **quiet)
+
+    storage, ctx = await serve()
+    async with ctx as srv, srv.client(timeout=10.0) as client:
+        ids = [await client.append_turn("keep", tagged(i)) for i in range(6)]
+    await storage.close()
+
+    storage, ctx = await serve()
+    async with ctx as srv, srv.client(timeout=10.0) as client:
+        assert await everything(client, "keep") == [f"t{i:03d}" for i in range(6)]  # the read flushed and rotated
+        ids.append(await client.append_turn("keep", tagged(6)))
+        env = await client.store_call("memory.read", {"agent": "keep"})
+        assert env["journal"]["recordCount"] >= 1
+    await storage.close()
+
+    storage, ctx = await serve()
+    async with ctx as srv, srv.client(timeout=10.0) as client:
+        assert await everything(client, "keep") == [f"t{i:03d}" for i in range(7)]
+    await storage.close()
+    assert ids == sorted(ids) and len(set(ids)) == 7
