@@ -203,3 +203,17 @@ async def test_acked_appends_survive_a_server_restart_on_sqlite(tmp_path: Path) 
         assert await everything(client, "keep") == [f"t{i:03d}" for i in range(7)]
     await storage.close()
     assert ids == sorted(ids) and len(set(ids)) == 7
+
+
+async def test_two_replicas_interleaved_appends_every_read_complete(storage: Storage, scaled: Any) -> None:
+    """Appends on one replica are read on the other at once (the reader
+    flushes the other replica's tail), across rotations, each record once."""
+    n = scaled(16, 8)
+    async with running(storage, max_journal_bytes=3 * LINE, journal_flush_seconds=3600.0) as s1, \
+            running(storage, max_journal_bytes=3 * LINE, journal_flush_seconds=3600.0) as s2:
+        async with s1.client(timeout=10.0) as c1, s2.client(timeout=10.0) as c2:
+            acked = []
+            for i in range(n):
+                await (c1 if i % 2 else c2).append_turn("two", tagged(i))
+                acked.append(f"t{i:03d}")
+                assert await everything(c2 if i % 2 else c1, "two") == acked

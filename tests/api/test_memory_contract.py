@@ -305,3 +305,33 @@ async def test_memory_survives_a_restart_and_ids_continue(tmp_path: Path) -> Non
             assert c.id not in (a.id, b.id) and c.id == "mem-3"
     finally:
         await storage.close()
+
+
+async def test_about_caps_count_after_cleaning(client: fencepost.AsyncClient) -> None:
+    twelve = [f"k{i:02d}" for i in range(12)]
+    assert len((await client.memory_append(A, "ok", about=twelve + [" K00 ", "", "  "])).about) == 12
+    with pytest.raises(errors.AboutTooLarge):
+        await client.memory_append(A, "no", about=twelve + ["k12"])
+    exact = ["a" * 256, "b" * 256]
+    assert list((await client.memory_append(A, "ok", about=exact)).about) == exact
+    with pytest.raises(errors.AboutTooLarge) as err:
+        await client.memory_append(A, "no", about=["a" * 256, "b" * 257])
+    assert err.value.metadata["limit"] == "512" and err.value.metadata["size"] == "513"
+    assert (await client.memory_append(A, "é" * 2048)).content == "é" * 2048  # 4096 bytes
+    with pytest.raises(errors.ContentTooLarge):
+        await client.memory_append(A, "é" * 2048 + "x")
+
+
+async def test_injection_topics_keep_whole_lines_within_4096_bytes(client: fencepost.AsyncClient) -> None:
+    for i in range(40):
+        await client.memory_append(A, f"fact {i}", about=[f"topic-{i:02d}-" + "t" * 100])
+    topics = await client.memory_topics(A)
+    assert len(topics) == 40  # the Topics RPC returns every topic
+    inj = await client.memory_injection(A)
+    lines = inj.topics_text.splitlines(keepends=True)
+    assert 0 < len(inj.topics) == len(lines) < 40
+    assert len(inj.topics_text.encode()) <= 4096
+    assert [t.name for t in inj.topics] == [t.name for t in topics[: len(inj.topics)]]
+    assert all(t.name in line for t, line in zip(inj.topics, lines))
+    assert [e.content for e in inj.recent] == [f"fact {i}" for i in range(32, 40)]
+
