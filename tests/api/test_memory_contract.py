@@ -335,3 +335,19 @@ async def test_injection_topics_keep_whole_lines_within_4096_bytes(client: fence
     assert all(t.name in line for t, line in zip(inj.topics, lines))
     assert [e.content for e in inj.recent] == [f"fact {i}" for i in range(32, 40)]
 
+
+
+async def test_a_skipped_duplicate_does_not_lend_its_forgotten_mark_to_the_imported_entry(
+        client: fencepost.AsyncClient) -> None:
+    """Within one call a repeated id is skipped; the entry imported is the
+    first one, as it was sent: a later duplicate marked `forgotten` must not
+    tombstone it (nor an unmarked duplicate revive a forgotten one)."""
+    live = imported("dup", "kept live")
+    gone = imported("dup", "kept live", forgotten=True)
+    res = await client.memory_import(A, [live, gone])
+    assert res.imported == 1 and list(res.skipped) == ["dup"]
+    assert await ids_of_list(client) == ["dup"]
+    res = await client.memory_import("other", [gone, live])
+    assert res.imported == 1 and list(res.skipped) == ["dup"]
+    assert [e.id for e in (await client.memory_list("other")).entries] == []
+    assert [(e.id, e.forgotten) for e in (await client.memory_audit("other")).entries] == [("dup", True)]
