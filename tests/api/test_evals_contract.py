@@ -126,3 +126,21 @@ async def test_snapshot_round_trips_json_types(client: fencepost.AsyncClient) ->
     got = await client.get_ab_snapshot(AG)
     assert got is not None and got.snapshot == agg
     assert await client.get_ab_snapshot("other") is None
+
+
+async def test_a_retry_of_a_put_whose_run_was_pruned_since_replays_and_writes_nothing(
+        client: fencepost.AsyncClient) -> None:
+    first = await client.put_eval_run(AG, "old", {"k": 1}, request_id="put-old")
+    for i in range(3):
+        await client.put_eval_run(AG, f"new-{i}", {"i": i})
+    _, _, pruned = await _first_page(client, history_window=3)
+    assert pruned == 1
+    retry = await client.put_eval_run(AG, "old", {"k": 1}, request_id="put-old")
+    assert retry.update_time == first.update_time
+    with pytest.raises(errors.EvalRunNotFound):
+        await client.get_eval_run(AG, "old")
+    snap = await client.put_ab_snapshot(AG, {"a": 1}, request_id="snap-1")
+    await client.put_ab_snapshot(AG, {"a": 2})
+    assert await client.put_ab_snapshot(AG, {"a": 1}, request_id="snap-1") == snap
+    got = await client.get_ab_snapshot(AG)
+    assert got is not None and got.snapshot == {"a": 2}

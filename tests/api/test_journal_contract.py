@@ -217,3 +217,20 @@ async def test_two_replicas_interleaved_appends_every_read_complete(storage: Sto
                 await (c1 if i % 2 else c2).append_turn("two", tagged(i))
                 acked.append(f"t{i:03d}")
                 assert await everything(c2 if i % 2 else c1, "two") == acked
+
+
+async def test_read_journal_streams_whole_lines_that_add_up_to_the_envelope(client: fencepost.AsyncClient) -> None:
+    from fencepost.v1 import journal_pb2, journal_pb2_grpc
+
+    big = [record(0, tag=f"b{i}", result="r" * 15_000) for i in range(12)]  # about 180 KB
+    for rec in big:
+        await client.append_turn("big", rec)
+    stub = journal_pb2_grpc.JournalServiceStub(client.channel)
+    chunks = [m async for m in stub.ReadJournal(journal_pb2.ReadJournalRequest(agent="big"), timeout=10.0)]
+    assert len(chunks) > 1
+    assert all(m.found and m.chunk.endswith(b"\n") for m in chunks)
+    data = b"".join(m.chunk for m in chunks)
+    assert {(m.size_bytes, m.record_count) for m in chunks} == {(len(data), 12)}
+    env = await envelope(client, read_env("big"))
+    assert env.memory_read.journal.jsonl == data
+    assert [json.loads(line) for line in data.splitlines()] == big

@@ -351,3 +351,16 @@ async def test_a_skipped_duplicate_does_not_lend_its_forgotten_mark_to_the_impor
     assert res.imported == 1 and list(res.skipped) == ["dup"]
     assert [e.id for e in (await client.memory_list("other")).entries] == []
     assert [(e.id, e.forgotten) for e in (await client.memory_audit("other")).entries] == [("dup", True)]
+
+
+async def test_an_entry_with_only_the_required_fields_is_recalled_and_injected(
+        client: fencepost.AsyncClient) -> None:
+    bare = pb.MemoryEntry(id="bare-1", content="the bare minimum", agent_id="anyone")
+    bare.created_at.FromDatetime(datetime(2023, 3, 4, tzinfo=timezone.utc))
+    assert (await client.memory_import(A, [bare])).imported == 1
+    [found] = (await client.memory_search(A, "minimum")).entries
+    assert (found.id, found.agent_id, found.provenance.trust, found.kind) == (
+        "bare-1", A, pb.MEMORY_TRUST_UNKNOWN, pb.MEMORY_KIND_UNSPECIFIED)
+    assert found.validity == pb.MEMORY_VALIDITY_CURRENT and found.usage.recall_count == 1
+    assert [e.id for e in (await client.memory_injection(A)).recent] == ["bare-1"]
+    assert (await client.memory_pin(A, "bare-1")).pinned
