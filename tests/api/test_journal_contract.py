@@ -234,3 +234,13 @@ async def test_read_journal_streams_whole_lines_that_add_up_to_the_envelope(clie
     env = await envelope(client, read_env("big"))
     assert env.memory_read.journal.jsonl == data
     assert [json.loads(line) for line in data.splitlines()] == big
+
+
+@pytest.mark.parametrize("agent", ["é" * 256, "%2F..%00 space?#", "😀" * 128])
+async def test_agents_with_long_or_escaped_names_rotate_and_archive(storage: Storage, agent: str) -> None:
+    async with running(storage, max_journal_bytes=LINE) as srv, srv.client(timeout=10.0) as client:
+        for i in range(3):
+            await client.append_turn(agent, tagged(i))
+        assert await everything(client, agent) == ["t000", "t001", "t002"]
+        assert len([a async for a in client.list_archives(agent)]) == 2
+        assert await client.read_journal(agent[:-1]) is None  # a different agent
