@@ -144,3 +144,16 @@ async def test_a_retry_of_a_put_whose_run_was_pruned_since_replays_and_writes_no
     assert await client.put_ab_snapshot(AG, {"a": 1}, request_id="snap-1") == snap
     got = await client.get_ab_snapshot(AG)
     assert got is not None and got.snapshot == {"a": 2}
+
+
+async def test_sample_page_size_default_clamp_and_refusal(client: fencepost.AsyncClient) -> None:
+    for i in range(3):
+        await client.put_ab_sample(AG, "caps", "s", {"i": i}, at=T0 + timedelta(seconds=i))
+    page, token = await client.list_ab_samples_page(AG, "caps", page_size=5000)
+    assert len(page) == 3 and token == ""
+    page, token = await client.list_ab_samples_page(AG, "caps")  # 0 = the default (100)
+    assert len(page) == 3 and token == ""
+    with pytest.raises(errors.PageSizeInvalid):
+        await client.list_ab_samples_page(AG, "caps", page_size=-1)
+    with pytest.raises(errors.FieldInvalid):
+        await client.list_ab_samples_page(AG, "", page_size=1)

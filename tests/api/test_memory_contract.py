@@ -364,3 +364,15 @@ async def test_an_entry_with_only_the_required_fields_is_recalled_and_injected(
     assert found.validity == pb.MEMORY_VALIDITY_CURRENT and found.usage.recall_count == 1
     assert [e.id for e in (await client.memory_injection(A)).recent] == ["bare-1"]
     assert (await client.memory_pin(A, "bare-1")).pinned
+
+
+async def test_injection_recent_skips_pins_and_keeps_its_bounds(client: fencepost.AsyncClient) -> None:
+    ids = [(await client.memory_append(A, f"note {i}")).id for i in range(10)]
+    for pinned in ids[-2:]:
+        assert (await client.memory_pin(A, pinned)).pinned
+    inj = await client.memory_injection(A)
+    assert [e.id for e in inj.pinned] == ids[-2:]
+    assert [e.id for e in inj.recent] == ids[:8]  # eight newest unpinned, oldest first
+    big = [(await client.memory_append("bytes", c * 1500)).id for c in "abcd"]
+    inj = await client.memory_injection("bytes")
+    assert [e.id for e in inj.recent] == big[2:]  # a third 1500-byte entry would pass 4096 bytes
