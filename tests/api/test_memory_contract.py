@@ -376,3 +376,107 @@ async def test_injection_recent_skips_pins_and_keeps_its_bounds(client: fencepos
     big = [(await client.memory_append("bytes", c * 1500)).id for c in "abcd"]
     inj = await client.memory_injection("bytes")
     assert [e.id for e in inj.recent] == big[2:]  # a third 1500-byte entry would pass 4096 bytes
+
+
+class _Model:
+    """spec/memory.md written out plainly: liveness, supersession, the pin
+    budget's prefix rule, topics. The server must agree after every step."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict] = {}  # type: ignore[type-arg]
+        self.order: list[str] = []
+        self.tombstoned: set[str] = set()
+        self.pins: list[str] = []
+
+    def superseded(self, eid: str) -> bool:
+        return any(e["supersedes"] == eid and e["current"] and i not in self.tombstoned
+                   for i, e in self.entries.items())
+
+    def live(self, eid: str) -> bool:
+        return eid in self.entries and eid not in self.tombstoned and not self.superseded(eid)
+
+    def budget(self) -> tuple[list[str], list[str], int]:
+        effective, inert, total = [], [], 0
+        for pid in self.pins:
+            if pid in self.tombstoned:
+                continue
+            size = self.entries[pid]["bytes"]
+            if not inert and total + size <= 2048:
+                effective.append(pid)
+                total += size
+            else:
+                inert.append(pid)
+        return effective, inert, total
+
+
+async def test_a_random_history_agrees_with_the_spec_model(client: fencepost.AsyncClient, scaled: object) -> None:
+    import random
+
+    rng = random.Random(20240501)
+    now = datetime.now(timezone.utc)
+    model = _Model()
+    steps = scaled(160, 50)  # type: ignore[operator]
+    for _ in range(steps):
+        op = rng.choice(["append", "append", "supersede", "forget", "pin", "pin", "unpin"])
+        known = model.order or ["mem-404"]
+        if op in ("append", "supersede"):
+            window = rng.choice(["open", "open", "expired", "future", "bounded"])
+            kw: dict = {"about": rng.sample(["red", "Blue", "green"], rng.randint(0, 2))}  # type: ignore[type-arg]
+            if window == "expired":
+                kw["valid_until"] = now - timedelta(hours=1)
+            elif window == "future":
+                kw["valid_from"] = now + timedelta(hours=1)
+            elif window == "bounded":
+                kw["valid_from"], kw["valid_until"] = now - timedelta(hours=1), now + timedelta(hours=1)
+            target = rng.choice(known) if op == "supersede" else None
+            content = "c" * rng.choice([1, 100, 500, 900, 1500])
+            if target is not None and not model.live(target):
+                with pytest.raises(errors.SupersedesInvalid):
+                    await client.memory_append(A, content, supersedes=target, **kw)
+                continue
+            e = await client.memory_append(A, content, supersedes=target, **kw)
+            model.entries[e.id] = {"bytes": len(content), "supersedes": target,
+                                   "current": window not in ("expired", "future"), "about": kw["about"]}
+            model.order.append(e.id)
+        elif op == "forget":
+            target = rng.choice(known)
+            expected = model.live(target)
+            assert await client.memory_forget(A, target) is expected
+            if expected:
+                model.tombstoned.add(target)
+        elif op == "pin":
+            target = rng.choice(known)
+            if not model.live(target):
+                with pytest.raises(errors.EntryNotFound):
+                    await client.memory_pin(A, target)
+                continue
+            effective, inert, total = model.budget()
+            res = await client.memory_pin(A, target)
+            if target in effective:
+                assert res.pinned
+            elif inert:
+                assert not res.pinned and res.blocking_id == inert[0]
+            elif total + model.entries[target]["bytes"] > 2048:
+                assert not res.pinned and "2048-byte cap" in res.reason and res.bytes == total
+            else:
+                assert res.pinned
+                model.pins.append(target)
+        else:
+            target = rng.choice(known)
+            expected = target in model.pins
+            assert await client.memory_unpin(A, target) is expected
+            if expected:
+                model.pins.remove(target)
+        live = [i for i in model.order if model.live(i)]
+        current = [i for i in live if model.entries[i]["current"]]
+        assert [e.id for e in (await client.memory_list(A, all_validity=True, page_size=1000)).entries] == live
+        assert [e.id for e in (await client.memory_list(A, page_size=1000)).entries] == current
+        effective, _, total = model.budget()
+        alloc = await client.memory_pinned(A, allocated=True)
+        assert [e.id for e in alloc.entries] == effective and alloc.allocated_bytes == total
+        assert [e.id for e in (await client.memory_pinned(A)).entries] == [i for i in effective if i in current]
+        counts: dict[str, int] = {}
+        for i in current:
+            for key in model.entries[i]["about"]:
+                counts[key.lower()] = counts.get(key.lower(), 0) + 1
+        assert {t.name.lower(): t.count for t in await client.memory_topics(A)} == counts
