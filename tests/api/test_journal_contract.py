@@ -244,3 +244,42 @@ async def test_agents_with_long_or_escaped_names_rotate_and_archive(storage: Sto
         assert await everything(client, agent) == ["t000", "t001", "t002"]
         assert len([a async for a in client.list_archives(agent)]) == 2
         assert await client.read_journal(agent[:-1]) is None  # a different agent
+
+
+async def test_a_random_mix_of_lanes_retries_and_replicas_reads_each_ack_once(storage: Storage, scaled: Any) -> None:
+    """Appends on either lane and either replica, some retried with their
+    request id, some reusing an id for another record (refused): archives
+    plus the live journal are always the acked records, each once, in record
+    id order (two replicas' ids within one millisecond need not follow the
+    order of the acks)."""
+    import random
+
+    rng = random.Random(7)
+    settings = {"max_journal_bytes": 3 * LINE, "journal_flush_seconds": 3600.0}
+    async with running(storage, **settings) as s1, running(storage, **settings) as s2:
+        async with s1.client(timeout=10.0) as c1, s2.client(timeout=10.0) as c2:
+            acked: list[tuple[str, str]] = []  # (record id, tag)
+            sent: list[tuple[str, dict[str, Any], str]] = []  # (request id, record, record id)
+            for i in range(scaled(40, 15)):
+                c = rng.choice([c1, c2])
+                roll = rng.random()
+                if sent and roll < 0.25:  # a retry: the first record id, nothing journaled
+                    rid, rec, first = rng.choice(sent)
+                    assert await c.append_turn("mix", rec, request_id=rid) == first
+                elif sent and roll < 0.35:
+                    rid, _, _ = rng.choice(sent)
+                    with pytest.raises(errors.RequestIdReused):
+                        await c.store_call("memory.append", {"agent": "mix", "record": tagged(1000 + i)},
+                                           request_id=rid)
+                else:
+                    rec, rid = tagged(i), f"req-{i}"
+                    if rng.random() < 0.5:
+                        got = (await c.store_call("memory.append", {"agent": "mix", "record": rec},
+                                                  request_id=rid))["recordId"]
+                    else:
+                        got = await c.append_turn("mix", rec, request_id=rid)
+                    sent.append((rid, rec, got))
+                    acked.append((got, rec["tag"]))
+                if rng.random() < 0.4:
+                    assert await everything(rng.choice([c1, c2]), "mix") == [t for _, t in sorted(acked)]
+            assert await everything(c1, "mix") == [t for _, t in sorted(acked)]
