@@ -480,3 +480,47 @@ async def test_a_random_history_agrees_with_the_spec_model(client: fencepost.Asy
             for key in model.entries[i]["about"]:
                 counts[key.lower()] = counts.get(key.lower(), 0) + 1
         assert {t.name.lower(): t.count for t in await client.memory_topics(A)} == counts
+
+
+async def test_audit_then_import_reproduces_every_view(client: fencepost.AsyncClient) -> None:
+    now = datetime.now(timezone.utc)
+    a = await client.memory_append(A, "v1 of the plan", about=["plan"], kind="semantic", trust="user",
+                                   metadata={"n": 1}, session_id="s", channel="cli")
+    b = await client.memory_append(A, "v2 of the plan", about=["Plan"], supersedes=a.id)
+    c = await client.memory_append(A, "v3 of the plan", supersedes=b.id, valid_from=now + timedelta(days=1))
+    d = await client.memory_append(A, "old news", valid_until=now - timedelta(days=1), about=["news"])
+    e = await client.memory_append(A, "a secret", about=["plan"])
+    f = await client.memory_append(A, "retired then released", trust="external")
+    g = await client.memory_append(A, "successor that goes", supersedes=f.id)
+    assert await client.memory_forget(A, e.id) and await client.memory_forget(A, g.id)
+    assert await client.memory_reassert_trust(A, b.id, "own")
+    audit = [x async for x in _audit_all(client, A)]
+    assert (await client.memory_import("moved", audit)).imported == 7
+    assert (await client.memory_import("moved", audit)).imported == 0
+
+    def shape(entries: list[pb.MemoryEntry]) -> list[tuple]:  # type: ignore[type-arg]
+        return [(x.id, x.content, x.created_at.ToMicroseconds(), x.kind, tuple(x.about), x.supersedes,
+                 dict(x.metadata), x.provenance.trust, x.provenance.session_id, x.provenance.channel,
+                 x.validity, x.forgotten, x.superseded) for x in entries]
+
+    for kw in ({}, {"all_validity": True}):
+        assert shape(list((await client.memory_list("moved", **kw)).entries)) == shape(
+            list((await client.memory_list(A, **kw)).entries))
+    moved = [x async for x in _audit_all(client, "moved")]
+    assert [(x.id, x.forgotten, x.superseded) for x in moved] == [(x.id, x.forgotten, x.superseded) for x in audit]
+    assert [(t.name, t.count, t.trust) for t in await client.memory_topics("moved")] == [
+        (t.name, t.count, t.trust) for t in await client.memory_topics(A)]
+    assert {x.id for x in (await client.memory_list("moved")).entries} == {b.id, f.id}
+    assert c.id and d.id
+    assert (await client.memory_append("moved", "next")).id == "mem-8"
+
+
+async def _audit_all(client: fencepost.AsyncClient, agent: str):  # type: ignore[no-untyped-def]
+    token = ""
+    while True:
+        page = await client.memory_audit(agent, page_size=3, page_token=token)
+        for x in page.entries:
+            yield x
+        token = page.next_page_token
+        if not token:
+            return
