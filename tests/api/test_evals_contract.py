@@ -157,3 +157,15 @@ async def test_sample_page_size_default_clamp_and_refusal(client: fencepost.Asyn
         await client.list_ab_samples_page(AG, "caps", page_size=-1)
     with pytest.raises(errors.FieldInvalid):
         await client.list_ab_samples_page(AG, "", page_size=1)
+
+
+async def test_the_configured_window_is_the_default_and_a_request_overrides_it(storage: object) -> None:
+    from tests.conftest import running
+
+    async with running(storage, eval_history_window=2) as srv, srv.client(timeout=10.0) as client:  # type: ignore[arg-type]
+        for i in range(4):
+            await client.put_eval_run(AG, f"w{i}", {"i": i})
+        runs, _, pruned = await _first_page(client, history_window=3)
+        assert pruned == 1 and [r.run_id for r in runs] == ["w1", "w2", "w3"]
+        runs, _, pruned = await _first_page(client)
+        assert pruned == 1 and [r.run_id for r in runs] == ["w2", "w3"]

@@ -524,3 +524,18 @@ async def _audit_all(client: fencepost.AsyncClient, agent: str):  # type: ignore
         token = page.next_page_token
         if not token:
             return
+
+
+async def test_losing_the_usage_index_loses_statistics_never_memories(storage: Storage) -> None:
+    from fencepost_server.domain.prefix import delete_prefix
+
+    async with running(storage) as srv, srv.client(timeout=10.0) as client:
+        e = await client.memory_append(A, "remember the usage")
+        assert (await client.memory_search(A, "usage")).entries[0].usage.recall_count == 1
+        assert (await client.memory_search(A, "usage")).entries[0].usage.recall_count == 2
+        usage_keys = [k for k in await storage.list_keys("default/", None, 1000) if "/memory/usage/" in k]
+        assert usage_keys
+        await delete_prefix(storage, usage_keys[0].rsplit("/", 1)[0] + "/")
+        [found] = (await client.memory_search(A, "usage")).entries
+        assert found.id == e.id and found.usage.recall_count == 1
+        assert [x.id for x in (await client.memory_list(A)).entries] == [e.id]
