@@ -10,6 +10,8 @@ import pytest
 
 import fencepost
 from fencepost import errors
+from fencepost_server.storage import Storage
+from tests.conftest import running
 
 AG = "evals-agent"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -84,8 +86,8 @@ async def test_ab_samples_list_by_session_then_time_and_resend_overwrites(client
     _, token = await client.list_ab_samples_page(AG, "exp", page_size=1)
     for other in ({"experiment": "other-exp"}, {"session_id": "s-a"}):
         with pytest.raises(errors.PageTokenInvalid):
-            await client.list_ab_samples_page(AG, other.get("experiment", "exp"), session_id=other.get("session_id", ""),
-                                              page_size=1, page_token=token)
+            await client.list_ab_samples_page(AG, other.get("experiment", "exp"),
+                                              session_id=other.get("session_id", ""), page_size=1, page_token=token)
     assert [s async for s in client.list_ab_samples(AG, "never")] == []
 
 
@@ -159,10 +161,8 @@ async def test_sample_page_size_default_clamp_and_refusal(client: fencepost.Asyn
         await client.list_ab_samples_page(AG, "", page_size=1)
 
 
-async def test_the_configured_window_is_the_default_and_a_request_overrides_it(storage: object) -> None:
-    from tests.conftest import running
-
-    async with running(storage, eval_history_window=2) as srv, srv.client(timeout=10.0) as client:  # type: ignore[arg-type]
+async def test_the_configured_window_is_the_default_and_a_request_overrides_it(storage: Storage) -> None:
+    async with running(storage, eval_history_window=2) as srv, srv.client(timeout=10.0) as client:
         for i in range(4):
             await client.put_eval_run(AG, f"w{i}", {"i": i})
         runs, _, pruned = await _first_page(client, history_window=3)

@@ -186,7 +186,8 @@ async def test_import_rerun_partial_overlap_and_duplicates(client: fencepost.Asy
     listed = {e.id: e.content for e in (await client.memory_list(A)).entries}
     assert listed == {"imp-0": "fact 0", "imp-1": "fact 1", "imp-2": "fact 2", "new-1": "fresh"}
     again = await client.memory_import(A, first + mixed)
-    assert again.imported == 0 and sorted(again.skipped) == sorted(["imp-0", "imp-1", "imp-2", "imp-1", "new-1", "new-1"])
+    assert again.imported == 0
+    assert sorted(again.skipped) == sorted(["imp-0", "imp-1", "imp-2", "imp-1", "new-1", "new-1"])
 
 
 async def test_import_keeps_fields_verbatim_and_validates_before_writing(client: fencepost.AsyncClient) -> None:
@@ -200,7 +201,8 @@ async def test_import_keeps_fields_verbatim_and_validates_before_writing(client:
     [got] = (await client.memory_list(A)).entries
     assert (got.id, got.kind, list(got.about), got.provenance.trust, got.provenance.channel, dict(got.metadata)) == (
         "keep", pb.MEMORY_KIND_PROCEDURAL, ["Ops"], pb.MEMORY_TRUST_USER, "cli", {"k": "v"})
-    assert got.valid_from.ToDatetime(tzinfo=timezone.utc) == vf and got.valid_until.ToDatetime(tzinfo=timezone.utc) == vu
+    assert got.valid_from.ToDatetime(tzinfo=timezone.utc) == vf
+    assert got.valid_until.ToDatetime(tzinfo=timezone.utc) == vu
     # one bad entry anywhere (past the first 100-record chunk too) writes nothing
     many = [imported(f"m{i}", f"m {i}") for i in range(150)] + [imported("big", "x" * 4097)]
     with pytest.raises(errors.ContentTooLarge) as err:
