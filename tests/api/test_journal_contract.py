@@ -187,13 +187,14 @@ async def test_acked_appends_survive_a_server_restart_on_sqlite(tmp_path: Path) 
 
     storage, ctx = await serve()
     async with ctx as srv, srv.client(timeout=10.0) as client:
-        ids = [await client.append_turn("keep", tagged(i)) for i in range(6)]
+        ids = [await client.append_turn("keep", tagged(i), request_id=f"keep-{i}") for i in range(6)]
     await storage.close()
 
     storage, ctx = await serve()
     async with ctx as srv, srv.client(timeout=10.0) as client:
         assert await everything(client, "keep") == [f"t{i:03d}" for i in range(6)]  # the read flushed and rotated
         ids.append(await client.append_turn("keep", tagged(6)))
+        assert await client.append_turn("keep", tagged(5), request_id="keep-5") == ids[5]  # a retry: replayed
         env = await client.store_call("memory.read", {"agent": "keep"})
         assert env["journal"]["recordCount"] >= 1
     await storage.close()

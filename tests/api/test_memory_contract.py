@@ -293,7 +293,7 @@ async def test_memory_survives_a_restart_and_ids_continue(tmp_path: Path) -> Non
     path = tmp_path / "memory.db"
     storage = SqliteStorage(path, synchronous="FULL")
     async with running(storage) as srv, srv.client(timeout=10.0) as client:
-        a = await client.memory_append(A, "durable fact", about=["dur"])
+        a = await client.memory_append(A, "durable fact", about=["dur"], request_id="append-a")
         b = await client.memory_append(A, "to forget")
         assert (await client.memory_pin(A, a.id)).pinned
         assert await client.memory_forget(A, b.id)
@@ -303,6 +303,8 @@ async def test_memory_survives_a_restart_and_ids_continue(tmp_path: Path) -> Non
         async with running(storage) as srv, srv.client(timeout=10.0) as client:
             assert await ids_of_list(client) == [a.id]
             assert [e.id for e in (await client.memory_pinned(A)).entries] == [a.id]
+            retry = await client.memory_append(A, "durable fact", about=["dur"], request_id="append-a")
+            assert retry.id == a.id  # the lane remembers the request id across the restart
             c = await client.memory_append(A, "after restart")
             assert c.id not in (a.id, b.id) and c.id == "mem-3"
     finally:
