@@ -284,3 +284,24 @@ async def test_a_random_mix_of_lanes_retries_and_replicas_reads_each_ack_once(st
                 if rng.random() < 0.4:
                     assert await everything(rng.choice([c1, c2]), "mix") == [t for _, t in sorted(acked)]
             assert await everything(c1, "mix") == [t for _, t in sorted(acked)]
+
+
+async def test_a_read_while_another_replica_holds_the_flush_lease_still_has_every_ack(
+        storage: Storage, client: fencepost.AsyncClient) -> None:
+    import time
+
+    from fencepost_server.domain.journal import _Keys
+
+    keys = _Keys("default", "leased")
+    for i in range(3):
+        await client.append_turn("leased", tagged(i))
+    held = compact_json({"owner": "elsewhere:0", "until": int(time.time() * 1000) + 600_000})
+    await storage.put(keys.lease, held)
+    before = await snapshot(storage)
+    env = await client.store_call("memory.read", {"agent": "leased"})
+    assert [json.loads(x)["tag"] for x in env["journal"]["jsonl"].splitlines()] == ["t000", "t001", "t002"]
+    assert await snapshot(storage) == before  # the flush was skipped: nothing written, nothing taken
+    stale = compact_json({"owner": "elsewhere:0", "until": int(time.time() * 1000) - 1})
+    await storage.put(keys.lease, stale)  # the holder died: its lease expired
+    assert await everything(client, "leased") == ["t000", "t001", "t002"]
+    assert await storage.list(keys.tail, None, 10) == []  # this read's flush took the lease over
