@@ -246,7 +246,11 @@ class MemoryServicer(ServicerBase, memory_pb2_grpc.MemoryServiceServicer):
     ) -> pb.MemoryServiceImportResponse:
         who = require_operator("memory Import")
         entries = [_imported(i, m) for i, m in enumerate(request.entries)]
-        forgotten = [m.id for m in request.entries if m.forgotten]
+        # a repeated id is skipped: only its first entry, the one imported, says whether it is forgotten
+        first: dict[str, bool] = {}
+        for m in request.entries:
+            first.setdefault(m.id, m.forgotten)
+        forgotten = [eid for eid, gone in first.items() if gone]
         out = await self.memory.import_entries(who.tenant, request.agent_id, entries, forgotten)
         return pb.MemoryServiceImportResponse(imported=out.imported, skipped=out.skipped)
 
