@@ -263,6 +263,23 @@ async def test_import_keeps_any_valid_created_at_and_requires_one(client: fencep
     assert "entries[0].created_at is required" in str(err.value)
 
 
+async def test_import_refuses_an_unknown_kind_or_trust_as_append_does(client: fencepost.AsyncClient) -> None:
+    """An enum number the server does not know was dropped on Import (the
+    entry stored without its kind or trust label) where Append refuses it:
+    Import validates what Append does, and writes nothing of the call."""
+    ok = pb.MemoryEntry(id="ok", content="kept", kind=pb.MEMORY_KIND_SEMANTIC)
+    ok.created_at.FromDatetime(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    odd_kind = pb.MemoryEntry(id="k", content="odd kind", kind=99)
+    odd_kind.created_at.CopyFrom(ok.created_at)
+    odd_trust = pb.MemoryEntry(id="t", content="odd trust", provenance=pb.MemoryProvenance(trust=77))
+    odd_trust.created_at.CopyFrom(ok.created_at)
+    for bad, field in ((odd_kind, "entries[1].kind"), (odd_trust, "entries[1].provenance.trust")):
+        with pytest.raises(errors.FieldInvalid) as err:
+            await client.memory_import(A, [ok, bad])
+        assert field in str(err.value)
+    assert (await client.memory_list(A)).entries == []
+
+
 async def test_a_page_token_with_limit_is_refused_not_ignored(client: fencepost.AsyncClient) -> None:
     """List with `limit` is the bounded read and issues no tokens; a token sent
     with it (another tenant's, an altered one, anything) was silently ignored

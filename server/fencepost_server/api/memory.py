@@ -22,16 +22,15 @@ _STRATEGY = {"recency": pb.MEMORY_STRATEGY_RECENCY, "relevance": pb.MEMORY_STRAT
 _STRATEGY_NAME = {v: k for k, v in _STRATEGY.items()}
 
 
-def _enum_name(value: int, names: tuple[str, ...], field: str, *, strict: bool = True) -> str | None:
-    """Enum number -> domain name (0 = unset). Unknown numbers are refused when
-    `strict`, dropped otherwise (import reads tolerantly)."""
+def _enum_name(value: int, names: tuple[str, ...], field: str) -> str | None:
+    """Enum number -> domain name (0 = unset). An unknown number is refused,
+    on Import too: dropping it would store another entry than the one sent
+    (an Audit of a newer server is imported by a server that knows its values)."""
     if value == 0:
         return None
     if 1 <= value <= len(names):
         return names[value - 1]
-    if strict:
-        raise InvalidArgument(reasons.FIELD_INVALID, f"{field} has unknown value {value}", field=field)
-    return None
+    raise InvalidArgument(reasons.FIELD_INVALID, f"{field} has unknown value {value}", field=field)
 
 
 def _known(value: int, enum: object, field: str) -> int:
@@ -104,12 +103,12 @@ def _imported(i: int, m: pb.MemoryEntry) -> Entry:
         raise InvalidArgument(reasons.FIELD_INVALID, f"{where}.created_at is required", field=f"{where}.created_at")
     return Entry(
         id=m.id, content=m.content, created_at=created,
-        kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind", strict=False),
+        kind=_enum_name(m.kind, rules.KINDS, f"{where}.kind"),
         about=tuple(m.about), valid_from=_micros(m, "valid_from", where),
         valid_until=_micros(m, "valid_until", where),
         supersedes=m.supersedes or None, metadata=_metadata(m, f"{where}.metadata"),
         session_id=m.provenance.session_id, channel=m.provenance.channel,
-        trust=_enum_name(m.provenance.trust, rules.TRUST_LEVELS, f"{where}.provenance.trust", strict=False),
+        trust=_enum_name(m.provenance.trust, rules.TRUST_LEVELS, f"{where}.provenance.trust"),
     )
 
 
