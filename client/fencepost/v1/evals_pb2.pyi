@@ -439,7 +439,7 @@ class ListAbSamplesResponse(_message.Message):
     """Empty when there are no more pages."""
     @_builtins.property
     def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___AbSample]:
-        """Samples in key order (encoded session id, then `at`)."""
+        """Samples in key order (by session, as stored, then `at`)."""
 
     def __init__(
         self,

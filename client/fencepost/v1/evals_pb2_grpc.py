@@ -240,7 +240,9 @@ class EvalServiceServicer:
 
     def ListAbSamples(self, request, context):
         """ListAbSamples returns the samples of one experiment (optionally of one
-        session) in key order: by encoded session id, then by `at`. Paginated
+        session) in key order: each session's samples together, by `at`, the
+        sessions in the byte order of their stored keys (encoded session id
+        then "/", so "a-b" comes before "a"; not plain text order). Paginated
         (AIP-158); an empty `next_page_token` is the only end signal. A page may
         hold fewer samples than page_size: it ends before 4 MiB of samples (half
         the server's message limit when lower).

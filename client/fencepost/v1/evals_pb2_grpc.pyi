@@ -129,7 +129,9 @@ class EvalServiceStub:
     """
     ListAbSamples: _grpc.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]
     """ListAbSamples returns the samples of one experiment (optionally of one
-    session) in key order: by encoded session id, then by `at`. Paginated
+    session) in key order: each session's samples together, by `at`, the
+    sessions in the byte order of their stored keys (encoded session id
+    then "/", so "a-b" comes before "a"; not plain text order). Paginated
     (AIP-158); an empty `next_page_token` is the only end signal. A page may
     hold fewer samples than page_size: it ends before 4 MiB of samples (half
     the server's message limit when lower).
@@ -252,7 +254,9 @@ class EvalServiceAsyncStub(EvalServiceStub):
     """
     ListAbSamples: _aio.UnaryUnaryMultiCallable[_evals_pb2.ListAbSamplesRequest, _evals_pb2.ListAbSamplesResponse]  # type: ignore[assignment]
     """ListAbSamples returns the samples of one experiment (optionally of one
-    session) in key order: by encoded session id, then by `at`. Paginated
+    session) in key order: each session's samples together, by `at`, the
+    sessions in the byte order of their stored keys (encoded session id
+    then "/", so "a-b" comes before "a"; not plain text order). Paginated
     (AIP-158); an empty `next_page_token` is the only end signal. A page may
     hold fewer samples than page_size: it ends before 4 MiB of samples (half
     the server's message limit when lower).
@@ -408,7 +412,9 @@ class EvalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_evals_pb2.ListAbSamplesResponse, _abc.Awaitable[_evals_pb2.ListAbSamplesResponse]]:
         """ListAbSamples returns the samples of one experiment (optionally of one
-        session) in key order: by encoded session id, then by `at`. Paginated
+        session) in key order: each session's samples together, by `at`, the
+        sessions in the byte order of their stored keys (encoded session id
+        then "/", so "a-b" comes before "a"; not plain text order). Paginated
         (AIP-158); an empty `next_page_token` is the only end signal. A page may
         hold fewer samples than page_size: it ends before 4 MiB of samples (half
         the server's message limit when lower).

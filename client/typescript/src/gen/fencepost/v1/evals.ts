@@ -172,7 +172,7 @@ export interface ListAbSamplesRequest {
 
 /** ListAbSamplesResponse is one page of samples. */
 export interface ListAbSamplesResponse {
-  /** Samples in key order (encoded session id, then `at`). */
+  /** Samples in key order (by session, as stored, then `at`). */
   samples: AbSample[];
   /** Empty when there are no more pages. */
   nextPageToken: string;
@@ -2152,7 +2152,9 @@ export const EvalServiceService = {
   },
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
-   * session) in key order: by encoded session id, then by `at`. Paginated
+   * session) in key order: each session's samples together, by `at`, the
+   * sessions in the byte order of their stored keys (encoded session id
+   * then "/", so "a-b" comes before "a"; not plain text order). Paginated
    * (AIP-158); an empty `next_page_token` is the only end signal. A page may
    * hold fewer samples than page_size: it ends before 4 MiB of samples (half
    * the server's message limit when lower).
@@ -2262,7 +2264,9 @@ export interface EvalServiceServer extends UntypedServiceImplementation {
   putAbSample: handleUnaryCall<PutAbSampleRequest, PutAbSampleResponse>;
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
-   * session) in key order: by encoded session id, then by `at`. Paginated
+   * session) in key order: each session's samples together, by `at`, the
+   * sessions in the byte order of their stored keys (encoded session id
+   * then "/", so "a-b" comes before "a"; not plain text order). Paginated
    * (AIP-158); an empty `next_page_token` is the only end signal. A page may
    * hold fewer samples than page_size: it ends before 4 MiB of samples (half
    * the server's message limit when lower).
@@ -2415,7 +2419,9 @@ export interface EvalServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * ListAbSamples returns the samples of one experiment (optionally of one
-   * session) in key order: by encoded session id, then by `at`. Paginated
+   * session) in key order: each session's samples together, by `at`, the
+   * sessions in the byte order of their stored keys (encoded session id
+   * then "/", so "a-b" comes before "a"; not plain text order). Paginated
    * (AIP-158); an empty `next_page_token` is the only end signal. A page may
    * hold fewer samples than page_size: it ends before 4 MiB of samples (half
    * the server's message limit when lower).
