@@ -300,6 +300,25 @@ async def test_fork_racing_delete_with_descendants_leaves_no_live_orphan(
         assert raw_keys_naming(storage, *doomed) == []
 
 
+async def test_deleting_a_fork_leaves_its_parent_whole(storage: Storage, app: App) -> None:
+    async with connect(app, "svc-a") as c:
+        parent = (await c.open_session("agent", "p")).session_id
+        lease = await c.acquire_lease(parent, "h", ttl=600)
+        await c.commit(parent, lease.generation, 0, [b"a", b"b", b"c"])
+        child = (await c.fork(parent, 2, "c")).session_id
+        cl = await c.acquire_lease(child, "h", ttl=600)
+        await c.commit(child, cl.generation, 2, [b"own"])
+        before = {k: v for k, v in data_only(raw_items(storage)).items() if child not in k and child.encode() not in v}
+        await c.delete_session(child)
+        after = {k: v for k, v in data_only(raw_items(storage)).items()}
+        assert raw_keys_naming(storage, child) == []
+        # only the parent's fork bookkeeping may change (its `forks` marker, no more fk/ entry)
+        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        assert all(k.endswith("/forks") for k in changed), changed
+        assert [r.data async for r in c.read_log(parent)] == [b"a", b"b", b"c"]
+        assert (await c.delete_session(parent)).session_ids == [parent]
+
+
 async def test_a_descendant_with_pending_events_refuses_before_anything_is_erased(
     storage: Storage, app: App
 ) -> None:
@@ -350,3 +369,16 @@ async def test_two_erasures_of_one_agent_at_once(storage: Storage, app: App) -> 
         assert raw_keys_naming(storage, "/agentkit/v1/agent/", *sids) == []
         assert not [k for k in raw_items(storage) if k.startswith("#/erasing/") and not k.startswith("[")]
         assert (await a.open_session("agent", "new")).session_id
+
+
+async def test_a_forks_marker_written_with_the_forks_id_stops_naming_it(storage: Storage, app: App) -> None:
+    """A store whose parent's `forks` marker names its last fork (as written
+    before the marker held no name): deleting that fork leaves nothing naming it."""
+    async with connect(app, "svc-a") as c:
+        parent = (await c.open_session("agent", "p")).session_id
+        child = (await c.fork(parent, 0, "c")).session_id
+        [marker] = [k for k in raw_items(storage) if k.endswith(f"/s/{parent}/forks")]
+        await storage.put(marker, child.encode())
+        await c.delete_session(child)
+        assert raw_keys_naming(storage, child) == []
+        assert (await c.delete_session(parent)).session_ids == [parent]
