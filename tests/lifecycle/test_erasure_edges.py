@@ -382,3 +382,21 @@ async def test_a_forks_marker_written_with_the_forks_id_stops_naming_it(storage:
         await c.delete_session(child)
         assert raw_keys_naming(storage, child) == []
         assert (await c.delete_session(parent)).session_ids == [parent]
+
+
+async def test_a_session_of_full_commits_can_still_be_deleted(storage: Storage, app: App) -> None:
+    """Commits that fill their transaction (64 records, 30 consumed events, a
+    commit id) left no room to drop superseded listing entries, so they piled
+    up past the bound the one tombstone transaction relies on, and the
+    session could no longer be deleted (nor erased, nor retired)."""
+    async with connect(app, "svc-a") as c:
+        sid = (await c.open_session("agent", "busy")).session_id
+        lease = await c.acquire_lease(sid, "h", ttl=600)
+        seq = 0
+        for i in range(100):
+            ids = [(await c.deliver(b"e", session_id=sid)).inbox_id for _ in range(30)]
+            seq = (await c.commit(sid, lease.generation, seq, [b"r"] * 64, consume=ids, commit_id=f"c{i}")).seq
+        listed = [s.session_id async for s in c.list_sessions("agent")]
+        assert listed == [sid]
+        assert (await c.delete_session(sid)).session_ids == [sid]
+        assert raw_keys_naming(storage, sid) == []
