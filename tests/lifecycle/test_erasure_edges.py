@@ -400,3 +400,85 @@ async def test_a_session_of_full_commits_can_still_be_deleted(storage: Storage, 
         assert listed == [sid]
         assert (await c.delete_session(sid)).session_ids == [sid]
         assert raw_keys_naming(storage, sid) == []
+
+
+async def test_a_due_watch_open_across_the_delete_ends(storage: Storage, app: App) -> None:
+    """WatchDue, like WatchInbox, ends once the session it watches is deleted."""
+    async with connect(app, "svc-a") as c:
+        sid = (await c.open_session("agent", "due-watched")).session_id
+        lease = await c.acquire_lease(sid, "h", ttl=600)
+        await c.create_reminder(sid, lease.generation, "later", after_seconds=3600)
+
+        async def watch() -> None:
+            async for _ in c.watch_due(sid, lease.generation, timeout=20):
+                pass
+
+        task = asyncio.create_task(watch())
+        await asyncio.sleep(0.5)
+        await c.delete_session(sid)
+        with pytest.raises((errors.SessionNotFound, errors.LeaseFenced)):
+            await asyncio.wait_for(task, 10)
+
+
+async def test_deliver_by_key_racing_a_forced_delete(storage: Storage, app: App) -> None:
+    """Deliver by (agent, key) racing DeleteSession(force): the event either
+    went into the deleted session (erased with it: the delete was forced) or
+    into a new session for the key, where it is pending; never lost otherwise."""
+    async with connect(app, "svc-a") as c:
+        outcomes: dict[str, int] = {"old": 0, "new": 0, "not_found": 0}
+        doomed: list[str] = []
+        for i in range(30):
+            key = f"race-{i}"
+            sid = (await c.open_session("agent", key)).session_id
+            d, _ = await asyncio.gather(
+                _deliver_or_none(c, key), c.delete_session(sid, force=True))
+            doomed.append(sid)
+            if d is None:
+                outcomes["not_found"] += 1
+            elif d.session_id == sid:
+                outcomes["old"] += 1
+            else:
+                outcomes["new"] += 1
+                assert [e.inbox_id async for e in c.list_inbox(d.session_id)] == [d.inbox_id]
+        assert raw_keys_naming(storage, *doomed) == []
+        assert outcomes["not_found"] == 0, outcomes
+
+
+async def _deliver_or_none(c: fencepost.AsyncClient, key: str):  # type: ignore[no-untyped-def]
+    try:
+        return await c.deliver(b"event", agent="agent", session_key=key)
+    except errors.SessionNotFound:
+        return None
+
+
+async def test_an_agent_erasure_finishes_while_a_writer_keeps_rewriting_a_key(storage: Storage, app: App) -> None:
+    """A service keeps rewriting one of the agent's KV keys while the agent is
+    erased: the writes are new data (kept), but the operation still finishes
+    and everything that existed before it is gone."""
+    kv = author_kv("agent")
+    async with connect(app, "op-a") as a, connect(app, "svc-a") as w:
+        old = [kv(f"old-{i:03d}") for i in range(150)]
+        for key in old:
+            await a.put(key, b"old")
+        await a.put(kv("hot"), b"old")
+        stop = asyncio.Event()
+
+        async def writer() -> int:
+            n = 0
+            while not stop.is_set():
+                await w.put(kv("hot"), b"new-%d" % n)
+                n += 1
+            return n
+
+        task = asyncio.create_task(writer())
+        await asyncio.sleep(0.2)
+        op = await a.erase_agent("agent")
+        try:
+            done = await asyncio.wait_for(a.wait_operation(op.name), 30)
+        finally:
+            stop.set()
+            writes = await task
+        assert done.done and writes > 0
+        assert [k for k in old if await a.get_with_version(k) is not None] == []
+        entry = await a.get(kv("hot"))
+        assert entry is None or entry.value.startswith(b"new-")
