@@ -28,8 +28,9 @@ moved after its first page.
 
 The one exception: a commit whose own operations leave no room for the three
 activity operations (64 records + 32 consumed ids + commit_id use 99 of the
-100) puts only act/{sid}, conditioned as above, and leaves the index where it
-was. That act/ value keeps the index's view (`u`, `s`, `b`, `p` unchanged) and
+100), or none for dropping the oldest entry once MAX_KEPT are kept (DeleteSession's
+tombstone deletes them all in one transaction), puts only act/{sid},
+conditioned as above, and leaves the index where it was. That act/ value keeps the index's view (`u`, `s`, `b`, `p` unchanged) and
 records what the index owes in `w` = {s, b, u}: the seq, log bytes and time of
 the commit. Right after the commit applied, a second write settles it: the
 ordinary advance above from that value (conditioned on it), at a time after

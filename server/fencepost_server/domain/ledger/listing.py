@@ -9,9 +9,9 @@ the listing horizon), so it is neither skipped nor listed twice; one created
 after T0 is not listed. The caps apply to that snapshot: `max_age` against
 T0, `max_sessions` and `max_total_bytes` carried in the page token with the
 position, so they bind exactly across pages. A session whose last commit
-was a full one (64 records + 32 consumed ids + commit_id) may briefly show
-at its previous entry: that commit's index entries follow it in a second
-write (activity.py); the rules above hold all the same.
+filled its transaction (64 records + 32 consumed ids + commit_id, or nearly:
+activity.py) may briefly show at its previous entry: that commit's index
+entries follow it in a second write; the rules above hold all the same.
 
 Each page lists the index from the token's position: at most
 `_SCAN_CALLS` list calls (a page may come back short, with a token, when it
