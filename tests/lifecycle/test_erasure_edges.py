@@ -482,3 +482,17 @@ async def test_an_agent_erasure_finishes_while_a_writer_keeps_rewriting_a_key(st
         assert [k for k in old if await a.get_with_version(k) is not None] == []
         entry = await a.get(kv("hot"))
         assert entry is None or entry.value.startswith(b"new-")
+
+
+async def test_an_agent_and_its_tenant_erased_at_once(storage: Storage, app: App) -> None:
+    async with connect(app, "op-a") as a, connect(app, "op-b") as b:
+        sids = await everything(a, "agent") + await everything(a, "other")
+        await everything(b, "agent")
+        kept = {k: v for k, v in data_only(raw_items(storage)).items() if "tenant-b" in k}
+        agent_op, tenant_op = await asyncio.gather(a.erase_agent("agent"), a.erase_tenant())
+        for op in (agent_op, tenant_op):
+            assert (await a.wait_operation(op.name)).done
+        assert raw_keys_naming(storage, "tenant-a", *sids) == []
+        assert {k: v for k, v in data_only(raw_items(storage)).items() if "tenant-b" in k} == kept
+        assert not [k for k in raw_items(storage) if k.startswith("#/erasing/")]
+        assert (await a.open_session("agent", "chan")).session_id not in sids
