@@ -1,17 +1,22 @@
-"""Retention at its edges on every backend: a tree of idle forks goes leaves
-first and leaves nothing, an idle fork of an active parent goes alone, and
-memory (pins included), KV and evals are never retention's to remove."""
+"""Retention at its edges: a tree of idle forks goes leaves first and leaves
+nothing, an idle fork of an active parent goes alone, memory (pins included),
+KV and evals are never retention's to remove (every backend), and idle
+sessions that must wait never hide an erasable one (embedded backends)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
 
 from fencepost_server.domain.journal import Journal
 from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.retention import Retention, RetentionConfig
 from fencepost_server.storage import Storage
-from tests.conftest import running
+from tests.conftest import BACKENDS, running
 from tests.domain.test_ledger import FakeClock
 from tests.raw_store import data_only, raw_items, raw_keys_naming
 
@@ -79,3 +84,37 @@ async def test_memory_kv_and_evals_are_not_retentions_to_remove(storage: Storage
             await asyncio.sleep(3.0)  # several passes, every window past
             assert data_only(raw_items(storage)) == before
             assert [p.id for p in (await c.memory_pinned("a")).entries] == [entry.id]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def embedded(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    """The embedded backends only: the test below needs over 1,000 sessions,
+    about twenty minutes on the DynamoDB emulator (the code under test is the
+    same on every backend)."""
+    backend = await BACKENDS[request.param](tmp_path)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def test_sessions_that_wait_do_not_hold_back_older_idle_ones(embedded: Storage) -> None:
+    """More idle sessions that must wait (events pending) than one pass looks
+    at per agent (1000), all of them newer than an idle one that may go: that
+    one is still erased (on a later pass at worst)."""
+    storage = embedded
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    old = await _session(ledger, "old")
+    await ledger.list_sessions(T, "a")  # the agent's listing index is in use (as once anyone lists)
+    clock.now += 60
+    for i in range(1001):
+        sid = (await ledger.open(T, "a", f"w{i}"))[0].session_id
+        await ledger.deliver(T, session_id=sid, payload=b"undelivered")
+    clock.now += 3 * HOUR
+    retention = Retention(storage, ledger, Journal(storage, Limits()),
+                          RetentionConfig(idle_session_seconds=2 * HOUR), clock=clock)
+    erased = 0
+    for _ in range(4):
+        erased += (await retention.sweep_pass()).sessions_erased
+    assert erased == 1 and raw_keys_naming(storage, old) == []
