@@ -94,6 +94,7 @@ class Retention:
         self.cursor: str | None = None  # where the walk goes on (per process: passes are idempotent)
         self.tenants = tenants  # the tenant names the server serves (a hashed segment's name)
         self._hashed: dict[str, str] | None = None  # hashed segment -> tenant, built once per pass
+        self._idle_after: dict[str, str] = {}  # agent prefix -> where its idle sessions go on next visit
 
     async def run(self) -> None:
         warning = ThrottledWarning(log, "retention pass")
@@ -144,7 +145,12 @@ class Retention:
         if c.idle_session_seconds > 0:
             before = now - c.idle_session_seconds
             tenant = self._tenant(tenant_segment)
-            for sid in await self.ledger.idle_sessions_under(root, before):
+            # a page at a time, going on where the last visit stopped: sessions
+            # that wait (first in the index) never hide the idle ones behind them
+            sids, resume = await self.ledger.idle_sessions_page(root, before, self._idle_after.pop(root, None))
+            if resume is not None:
+                self._idle_after[root] = resume
+            for sid in sids:
                 spent += 1
                 if tenant is not None and await self._erase_idle(tenant, root, sid, now, before):
                     counts.sessions_erased += 1

@@ -28,12 +28,14 @@ moved after its first page.
 
 The one exception: a commit whose own operations leave no room for the three
 activity operations (64 records + 32 consumed ids + commit_id use 99 of the
-100) puts only act/{sid}, conditioned as above, and leaves the index where it
-was. That act/ value keeps the index's view (`u`, `s`, `b`, `p` unchanged) and
-records what the index owes in `w` = {s, b, u}: the seq, log bytes and time of
-the commit. Right after the commit applied, a second write settles it: the
-ordinary advance above from that value (conditioned on it), at a time after
-`w.u`, which clears `w`. Until then the session is listed once, at its
+100), or none for dropping the oldest entry once MAX_KEPT are kept
+(DeleteSession's tombstone deletes them all in one transaction), puts only
+act/{sid}, conditioned as above, and leaves the index where it was. That act/
+value keeps the index's view (`u`, `s`, `b`, `p` unchanged) and records what
+the index owes in `w` = {s, b, u}: the seq, log bytes and time of the commit.
+Right after the commit applied, a second write settles it: the ordinary
+advance above from that value (conditioned on it), at a time after `w.u`,
+which clears `w`. Until then the session is listed once, at its
 previous entry (its previous activity, seq and size), never skipped nor twice;
 a listing in progress is not disturbed by the settling (the new entry lies
 above its T0, the old one stays valid for it). A crash or an outage between

@@ -49,7 +49,7 @@ from ...storage import (
     key_bytes,
 )
 from ..errors import FailedPrecondition, InvalidArgument, limit_error
-from .activity import ACTIVITY_OPS, ActivityMethods
+from .activity import ACTIVITY_OPS, MAX_KEPT, ActivityMethods
 from .core import ABSENT, MAX_CONSUMED, MAX_RECORDS, PRESENT, bad, contended
 from .layout import check_inbox_id, gen_value, parse_seq, seq_value, session_not_found
 
@@ -115,6 +115,7 @@ class CommitMethods(ActivityMethods):
         fixed_size = key_bytes([sk.gen, *(w.key for w in writes)]) + len(writes[0].value) + added
         if commit_id:
             fixed_size += len(writes[-1].value)
+        deferred = False  # an attempt wrote act/ alone, owing the index (activity.py)
         for _attempt in range(_ATTEMPTS):
             prior = await self.prior_activity(tenant, sk, expected_seq)
             new_act = new_value = None
@@ -122,7 +123,10 @@ class CommitMethods(ActivityMethods):
                 ops, conds = writes, [*checks, Check(sk.act, PRESENT)]
                 size = fixed_size + len(sk.act.encode())
             else:
-                if room < 0:  # no room for the index entries: they follow the commit
+                # no room for the index entries, or for dropping the oldest kept one
+                # (past MAX_KEPT the tombstone would not fit): they follow the commit
+                if room < max(0, len(prior[1].kept) + 1 - MAX_KEPT):
+                    deferred = True
                     activity, new_value, new_act = self.deferred_writes(sk, *prior, new_seq, added)
                 else:
                     activity, new_value, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
@@ -153,7 +157,7 @@ class CommitMethods(ActivityMethods):
                 raise
             if res.applied:
                 self.remember_activity(sk, new_value, new_act)
-                if room < 0 and new_value is not None:  # the second write (activity.py)
+                if deferred and new_value is not None:  # the second write (activity.py)
                     await self.settle_quietly(sk, new_value)
                 self.notify_commit(sid)
                 pending = res.count if res.count is not None else await self.pending_after_write(
@@ -162,7 +166,7 @@ class CommitMethods(ActivityMethods):
             self.remember_activity(sk, None)
             why = await self._why(sk, sid, generation, expected_seq, consume, commit_id, fp)
             if isinstance(why, CommitReplay):
-                if room < 0:  # the first attempt may have stopped between its two writes
+                if deferred or room < 0:  # the first attempt may have stopped between its two writes
                     with contextlib.suppress(StorageError):  # best effort: the replay stands
                         await self.settled_activity(sk)
                 return CommitResult(why.seq, await self.count_inbox(sk, PENDING_COUNT_CAP), replayed=True)

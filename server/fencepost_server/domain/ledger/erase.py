@@ -190,6 +190,8 @@ class EraseMethods(SessionMethods):
         if parent:
             extra.append(self.keys(tenant, parent).fork_entry(sid))
         await self.storage.transact((), [Delete(k) for k in extra])
+        if parent:  # a marker written before it held no name may still name this fork
+            await self.storage.transact((), [Put(self.keys(tenant, parent).forks, b"", Expect(value=sid.encode()))])
         await self.storage.delete(sk.erase)
         self.events("ledger.erased_items", removed)
         return removed

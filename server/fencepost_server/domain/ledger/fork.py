@@ -57,8 +57,10 @@ class ForkMethods(ListingMethods):
             created, act = self._create_writes(sk, meta, idkey, at_seq, size)
             # the parent must still exist (a DeleteSession tombstone removes its head),
             # and its forks marker moves, so a delete deciding meanwhile sees this fork;
-            # no erasure of the agent or tenant may be running (erasing.py)
-            writes = [*created, Put(parent.forks, sid.encode()), Put(parent.fork_entry(sid), b"")]
+            # no erasure of the agent or tenant may be running (erasing.py). Only the
+            # marker's version matters: its value names no one, or it would outlive
+            # a deleted fork in its parent
+            writes = [*created, Put(parent.forks, b""), Put(parent.fork_entry(sid), b"")]
             checks = [Check(parent.head, Expect(exists=True)), *creation_checks(tenant, agent, child_key)]
             res = await self.storage.transact(checks, writes)
             if res.applied:

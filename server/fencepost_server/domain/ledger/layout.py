@@ -16,8 +16,8 @@ Per session (`{A}` = `{tenant}/sys/agentkit/v1/{agent}/durable-session/`):
     {A}s/{sid}/dd/{sha256(dedupe)}  the inbox id a dedupe key parked (kept forever)
     {A}s/{sid}/cm/{sha256(commit)}  a commit's result, for idempotent retries
     {A}s/{sid}/fk/{child sid}       one fork of this session (written with the fork)
-    {A}s/{sid}/forks                blind-put by every fork: DeleteSession's proof that
-                                    no fork appeared while it checked (its version moves)
+    {A}s/{sid}/forks                blind-put (empty) by every fork: DeleteSession's proof
+                                    that no fork appeared while it checked (its version moves)
 
 Server bookkeeping the janitor scans across tenants (`#/` never starts a tenant):
 

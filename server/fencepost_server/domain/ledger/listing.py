@@ -9,9 +9,9 @@ the listing horizon), so it is neither skipped nor listed twice; one created
 after T0 is not listed. The caps apply to that snapshot: `max_age` against
 T0, `max_sessions` and `max_total_bytes` carried in the page token with the
 position, so they bind exactly across pages. A session whose last commit
-was a full one (64 records + 32 consumed ids + commit_id) may briefly show
-at its previous entry: that commit's index entries follow it in a second
-write (activity.py); the rules above hold all the same.
+filled its transaction (64 records + 32 consumed ids + commit_id, or nearly:
+activity.py) may briefly show at its previous entry: that commit's index
+entries follow it in a second write; the rules above hold all the same.
 
 Each page lists the index from the token's position: at most
 `_SCAN_CALLS` list calls (a page may come back short, with a token, when it
@@ -178,20 +178,31 @@ class ListingMethods(SessionMethods):
         """idle_sessions by the agent's stored ledger prefix (`.../durable-session/`):
         retention walks keys, and a hashed segment has no name to pass (a session
         id names its agent, so the caller needs none)."""
+        return (await self.idle_sessions_page(root, before, None, limit))[0]
+
+    async def idle_sessions_page(
+        self, root: str, before: float, after: str | None = None, limit: int = 1000
+    ) -> tuple[list[str], str | None]:
+        """idle_sessions_under from `after` (a key this returned), and where the
+        next page starts (None: no more). Retention goes on from there on its
+        next visit, so idle sessions that must wait never hide the ones behind them."""
         indexed = bool(self._indexed.get(root)) or await self.storage.get(index_ready_key(root)) is not None
         prefix = index_prefix(root) if indexed else root + "act/"
         start = index_start(prefix, int(before * 1e6) - 1) if indexed else None
-        out: list[str] = []
-        while len(out) < limit:
+        if after is not None and after.startswith(prefix) and (start is None or after > start):
+            start = after
+        found: list[tuple[str, str]] = []  # (key, session id)
+        while len(found) < limit:
             items = await self.storage.list(prefix, start, 1000)
             if indexed:
-                out += [parse_index_key(prefix, it.key)[1] for it in items if _superseded_at(it.value) is None]
+                found += [(it.key, parse_index_key(prefix, it.key)[1])
+                          for it in items if _superseded_at(it.value) is None]
             else:
-                out += [it.key[len(prefix):] for it in items if json.loads(it.value)["t"] < before]
+                found += [(it.key, it.key[len(prefix):]) for it in items if json.loads(it.value)["t"] < before]
             if len(items) < 1000:
-                break
+                return [sid for _, sid in found[:limit]], found[limit - 1][0] if len(found) > limit else None
             start = items[-1].key
-        return out[:limit]
+        return [sid for _, sid in found[:limit]], found[limit - 1][0]
 
     async def _summary(self, tenant: str, sid: str, micros: int, entry: dict[str, object]) -> SessionSummary:
         seq = int(entry["s"])  # type: ignore[call-overload]
