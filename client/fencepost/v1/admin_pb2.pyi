@@ -50,7 +50,12 @@ class ErasureOperation(_message.Message):
     sessions_fenced: _builtins.int
     """Sessions fenced so far."""
     items_erased: _builtins.int
-    """Stored items removed so far."""
+    """Stored items the sweep has removed so far: progress, not an inventory.
+    Not counted: what each session's fencing write removes (its identity,
+    head, lease, activity entries: a few items per session). The same data
+    can count differently per backend (SQLite keeps some request-id markers
+    in the row of the item they wrote, not as items of their own).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the operation was started."""

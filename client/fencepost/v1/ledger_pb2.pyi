@@ -1226,7 +1226,9 @@ class DeleteSessionResponse(_message.Message):
     DELETED_SESSION_IDS_FIELD_NUMBER: _builtins.int
     ERASED_ITEMS_FIELD_NUMBER: _builtins.int
     erased_items: _builtins.int
-    """Stored items the sweep removed."""
+    """Stored items the sweep removed (not counting the few the first,
+    fencing write removed: identity, head, lease, activity entries).
+    """
     @_builtins.property
     def deleted_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every session erased: the descendants (when asked for), then the session."""

@@ -46,7 +46,13 @@ export interface ErasureOperation {
   phase: string;
   /** Sessions fenced so far. */
   sessionsFenced: string;
-  /** Stored items removed so far. */
+  /**
+   * Stored items the sweep has removed so far: progress, not an inventory.
+   * Not counted: what each session's fencing write removes (its identity,
+   * head, lease, activity entries: a few items per session). The same data
+   * can count differently per backend (SQLite keeps some request-id markers
+   * in the row of the item they wrote, not as items of their own).
+   */
   itemsErased: string;
   /** When the operation was started. */
   createTime:

@@ -476,7 +476,10 @@ export interface DeleteSessionRequest {
 export interface DeleteSessionResponse {
   /** Every session erased: the descendants (when asked for), then the session. */
   deletedSessionIds: string[];
-  /** Stored items the sweep removed. */
+  /**
+   * Stored items the sweep removed (not counting the few the first,
+   * fencing write removed: identity, head, lease, activity entries).
+   */
   erasedItems: string;
 }
 
