@@ -15,6 +15,7 @@ import fencepost
 from fencepost import errors
 from fencepost.keys import author_kv, encode_segment
 from fencepost_server.app import App
+from fencepost_server.domain.ledger import activity
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
 from tests.api.security_support import write_tokens
@@ -402,6 +403,27 @@ async def test_a_session_of_full_commits_can_still_be_deleted(storage: Storage, 
         assert raw_keys_naming(storage, sid) == []
 
 
+async def test_a_session_an_earlier_build_left_past_the_kept_bound_can_be_deleted(
+    storage: Storage, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Earlier builds let full commits keep more than MAX_KEPT superseded
+    listing entries; such a session's tombstone would not fit one transaction
+    (TXN_TOO_LARGE, which DeleteSession does not declare). The delete trims
+    the kept entries first, then erases everything."""
+    async with connect(app, "svc-a") as c:
+        sid = (await c.open_session("agent", "legacy")).session_id
+        lease = await c.acquire_lease(sid, "h", ttl=600)
+        monkeypatch.setattr(activity, "MAX_KEPT", 500)  # the earlier build's growth, quickly
+        seq = 0
+        for i in range(150):
+            seq = (await c.commit(sid, lease.generation, seq, [b"r"], commit_id=f"c{i}")).seq
+        monkeypatch.undo()
+        act = await storage.get(next(k for k in raw_keys_naming(storage, sid) if "/act/" in k))
+        assert act is not None and len(activity.Activity.decode(act.value).kept) > 100
+        assert (await c.delete_session(sid)).session_ids == [sid]
+        assert raw_keys_naming(storage, sid) == []
+
+
 async def test_a_due_watch_open_across_the_delete_ends(storage: Storage, app: App) -> None:
     """WatchDue, like WatchInbox, ends once the session it watches is deleted."""
     async with connect(app, "svc-a") as c:
@@ -468,13 +490,14 @@ async def test_an_agent_erasure_finishes_while_a_writer_keeps_rewriting_a_key(st
             while not stop.is_set():
                 await w.put(kv("hot"), b"new-%d" % n)
                 n += 1
+                await asyncio.sleep(0.01)  # a steady writer, not one that saturates the one-request emulator
             return n
 
         task = asyncio.create_task(writer())
         await asyncio.sleep(0.2)
         op = await a.erase_agent("agent")
         try:
-            done = await asyncio.wait_for(a.wait_operation(op.name), 30)
+            done = await asyncio.wait_for(a.wait_operation(op.name), 120)  # a loaded CI machine
         finally:
             stop.set()
             writes = await task

@@ -250,6 +250,23 @@ class ActivityMethods(LedgerBase):
         self.remember_activity(sk, new_value, new)
         return new_value
 
+    async def trim_kept(self, sk: SessionKeys, value: bytes) -> bytes | None:
+        """act/ `value` with at most MAX_KEPT superseded entries, trimming them
+        first if needed (a write per ~97 entries, each conditioned on act/):
+        commits of earlier builds that filled their transaction kept more, and
+        a tombstone deleting them all would not fit one transaction. None: act/
+        moved under the trim (the caller reads it again)."""
+        act = Activity.decode(value)
+        while len(act.kept) > MAX_KEPT:
+            writes, new_value, new = self.advance_writes(
+                sk, value, act, act.head_seq, 0, MAX_TXN_OPS - ACTIVITY_OPS)
+            if not (await self.storage.transact((), writes)).applied:
+                self.remember_activity(sk, None)
+                return None
+            self.remember_activity(sk, new_value, new)
+            value, act = new_value, new
+        return value
+
     async def settle_quietly(self, sk: SessionKeys, value: bytes) -> bytes:
         """`settle_index`, best effort: an outage leaves the entries owed in
         act/ for the next reader (the caller's own write has applied)."""

@@ -11,7 +11,7 @@ from fencepost import reasons
 from ...storage import Check, Delete, Expect, Item, Put, Write
 from ..errors import Code, DomainError, NotFound, limit_error
 from .activity import Activity, ActivityMethods, creation_writes, indexed_key
-from .core import SessionView, bad
+from .core import SessionView, bad, contended
 from .erasing import creation_checks, refusal
 from .layout import (
     MAX_AGENT_BYTES,
@@ -97,10 +97,14 @@ class SessionMethods(ActivityMethods):
         still holds the value the entries were derived from: a commit landing
         in between fails the tombstone (which decides again) instead of
         leaving an index entry behind."""
-        item = await self.storage.get(sk.act)
-        if item is None:
-            return [Delete(sk.act)]
-        return [Delete(sk.act, Expect(value=item.value)), *(Delete(k) for k in sk.listing_keys(item.value))]
+        for _attempt in range(8):  # a commit moving act/ under the trim: read it again
+            item = await self.storage.get(sk.act)
+            if item is None:
+                return [Delete(sk.act)]
+            value = await self.trim_kept(sk, item.value)
+            if value is not None:
+                return [Delete(sk.act, Expect(value=value)), *(Delete(k) for k in sk.listing_keys(value))]
+        raise contended("DeleteSession")
 
     def forget_identity(self, tenant: str, agent: str, session_key: str) -> None:
         """Drop a cached identity that named a session since deleted (another
