@@ -25,7 +25,8 @@ log = logging.getLogger("fencepost.erasure")
 REQUEST_PREFIX = GLOBAL_PREFIX + "req/"
 _END = "\U0010ffff"  # sorts after every character a key holds: "skip this subtree"
 _SESSION = re.compile(r"^(.*/durable-session/)s/([^/]+)/")
-_STEP_KEYS = 10_000  # keys one sweep step deletes at most (progress is recorded after each step)
+_STEP_KEYS = 10_000  # keys one sweep step lists at most (progress is recorded after each step)
+_PASSES = 3  # passes over a prefix from its start, at most, until one finds it empty
 _DIRECTORY_NAMES = 1000  # partition names one directory batch handles at most ...
 _DIRECTORY_BYTES = 64 * 1024  # ... and their bytes: they are kept in the operation record meanwhile
 
@@ -60,10 +61,22 @@ class EraseSteps:
         index = int(state["cursor"] or 0)  # type: ignore[call-overload]
         if state["phase"] == "sweep":
             if index < len(prefixes):
-                removed, emptied = await erase_prefix(self.storage, prefixes[index], _STEP_KEYS, claim_held)
+                after = state.get("key_after")
+                removed, after, ended = await erase_prefix(
+                    self.storage, prefixes[index], after if isinstance(after, str) else None, _STEP_KEYS,
+                    claim_held)
                 state["erased"] = int(state["erased"]) + removed  # type: ignore[call-overload]
-                if emptied:
-                    state["cursor"] = index + 1  # else: more under this prefix, the next step goes on
+                passes = int(state.get("passes") or 0)  # type: ignore[call-overload]
+                if not ended:
+                    state["key_after"] = after  # more under this prefix: the next step goes on
+                elif after is not None and passes < _PASSES:
+                    # the pass found keys: from the start again, until a pass finds none
+                    # (a writer rewriting keys behind the pass only makes it end, see erase_prefix)
+                    state["key_after"], state["passes"] = None, passes + 1
+                else:
+                    state["cursor"] = index + 1
+                    state.pop("key_after", None)
+                    state.pop("passes", None)
                 return
             state["phase"], state["cursor"] = "directory", 0
             return
@@ -71,7 +84,7 @@ class EraseSteps:
             return
         # done: the record keeps no name of what it erased (the tenant's hash authorizes reads)
         state["phase"], state["cursor"] = "done", None
-        for scratch in ("scope_tenant", "prefixes", "after", "forgotten", "waited"):
+        for scratch in ("scope_tenant", "prefixes", "after", "forgotten", "waited", "key_after", "passes"):
             state.pop(scratch, None)
         if isinstance(agent, str):
             state["agent"], state["agent_hash"] = None, digest(agent)
