@@ -368,3 +368,24 @@ async def test_raw_read_log_rejects_nothing_silently(client: fencepost.AsyncClie
     stub = client._ledger
     pages = [p async for p in stub.ReadLog(ledger_pb2.ReadLogRequest(session_id=sid, from_seq=2))]
     assert sum(len(p.records) for p in pages) == 0
+
+
+async def test_acquire_renewing_a_fenced_generation_is_lease_fenced(client: fencepost.AsyncClient) -> None:
+    """AcquireLease with `generation` is a renewal by generation: an older
+    incarnation of the holder that renews so after its id was granted anew is
+    fenced (final), and must not be granted a generation that fences the
+    newer incarnation in the middle of its turn."""
+    sid = (await client.open_session("agent", "stale-renew")).session_id
+    old = await client.acquire_lease(sid, "A", ttl=30)
+    new = await client.acquire_lease(sid, "A", ttl=30)  # the restarted holder reclaims its lease
+    assert new.generation == old.generation + 1
+    with pytest.raises(errors.LeaseFenced) as fenced:
+        await client.acquire_lease(sid, "A", ttl=30, generation=old.generation)
+    assert fenced.value.metadata["current_generation"] == str(new.generation)
+    assert (await client.get_session(sid)).lease.generation == new.generation
+    assert (await client.commit(sid, new.generation, 0, [b"turn"])).seq == 1  # the newer one still holds it
+    # the same once the lease is free: the old generation's renewal is over
+    await client.release_lease(sid, new.generation)
+    with pytest.raises(errors.LeaseFenced):
+        await client.acquire_lease(sid, "A", ttl=30, generation=old.generation)
+    assert (await client.acquire_lease(sid, "A", ttl=30)).generation == new.generation + 1
