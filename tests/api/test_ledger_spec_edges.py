@@ -389,3 +389,135 @@ async def test_acquire_renewing_a_fenced_generation_is_lease_fenced(client: fenc
     with pytest.raises(errors.LeaseFenced):
         await client.acquire_lease(sid, "A", ttl=30, generation=old.generation)
     assert (await client.acquire_lease(sid, "A", ttl=30)).generation == new.generation + 1
+
+
+async def test_commit_precedence_and_input_refusals(client: fencepost.AsyncClient) -> None:
+    sid, gen = await _held(client, "precedence")
+    e = (await client.deliver(b"e", session_id=sid)).inbox_id
+    first = await client.commit(sid, gen, 0, [b"1"], consume=[e], commit_id="c1")
+    # a stale seq and a gone entry: the seq is the one named
+    with pytest.raises(errors.SequenceMismatch):
+        await client.commit(sid, gen, 0, [b"x"], consume=[e])
+    # an empty commit at the head consumes without appending
+    e2 = (await client.deliver(b"e2", session_id=sid)).inbox_id
+    drained = await client.commit(sid, gen, 1, [], consume=[e2])
+    assert (drained.seq, drained.pending) == (1, 0)
+    for consume in (["not-an-id"], [e2, e2]):
+        with pytest.raises(errors.FencepostError) as refused:
+            await client.commit(sid, gen, 1, [b"x"], consume=consume)
+        assert (refused.value.code, refused.value.reason) == ("INVALID_ARGUMENT", "FIELD_INVALID"), consume
+    with pytest.raises(errors.FencepostError) as negative:
+        await client.commit(sid, gen, -1, [b"x"])
+    assert negative.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(errors.CommitTooLarge) as too_many:
+        await client.commit(sid, gen, 1, [], consume=[e] * 33)
+    assert too_many.value.metadata["limit"] == "32"
+    with pytest.raises(errors.RecordTooLarge):
+        await client.commit(sid, gen, 1, [b"r" * (256 * 1024 + 1)])
+    # the replay of an applied commit answers its first result, also once fenced
+    await client.release_lease(sid, gen)
+    assert (await client.commit(sid, gen, 0, [b"1"], consume=[e], commit_id="c1")).seq == first.seq
+    with pytest.raises(errors.SessionNotFound):
+        await client.commit("0" * 32 + "." + sid.split(".")[1], gen, 0, [b"x"])
+    assert await _log(client, sid) == [(1, b"1")]
+
+
+async def test_deliver_targets_and_watch_refusals(client: fencepost.AsyncClient) -> None:
+    missing = "0" * 32 + "." + "YWdlbnQ"
+    with pytest.raises(errors.SessionNotFound) as nf:
+        await client.deliver(b"e", session_id=missing)
+    assert nf.value.metadata["session_id"] == missing
+    by_key = await client.deliver(b"e", agent="agent", session_key="made-by-deliver")
+    assert (await client.resolve_session("agent", "made-by-deliver")).session_id == by_key.session_id
+    assert (await client.get_session(by_key.session_id)).pending == 1
+    sid = by_key.session_id
+    for gen in (0, 1, 7):  # never granted
+        with pytest.raises(errors.LeaseFenced):
+            async for _ in client.watch_inbox(sid, gen):
+                pass
+    lease = await client.acquire_lease(sid, "A", ttl=30)
+    await client.release_lease(sid, lease.generation, force=True)
+    with pytest.raises(errors.LeaseFenced):  # released
+        async for _ in client.watch_inbox(sid, lease.generation):
+            pass
+    with pytest.raises(errors.FencepostError) as ttl:
+        await client.deliver(b"e", session_id=sid, try_lease="W", ttl=-1)
+    assert ttl.value.code == "INVALID_ARGUMENT"
+    assert (await client.get_session(sid)).pending == 1  # refused before parking
+
+
+async def test_inbox_pages_and_a_watch_skips_consumed_events(client: fencepost.AsyncClient) -> None:
+    sid, gen = await _held(client, "inbox-pages")
+    ids = [(await client.deliver(b"e%d" % i, session_id=sid)).inbox_id for i in range(5)]
+    assert [e.inbox_id async for e in client.list_inbox(sid, page_size=2)] == ids
+    await client.commit(sid, gen, 0, [b"r"], consume=ids[:3])
+    watched: list[str] = []
+    async for ev in client.watch_inbox(sid, gen):
+        watched.append(ev.inbox_id)
+        if len(watched) == 2:
+            break
+    assert watched == ids[3:]
+    with pytest.raises(errors.FencepostError) as bad:
+        async for _ in client.list_inbox(sid, page_size=-1):
+            pass
+    assert bad.value.reason == "PAGE_SIZE_INVALID"
+
+
+async def test_a_fork_lists_with_its_prefix_bytes(client: fencepost.AsyncClient) -> None:
+    parent, gen = await _held(client, "fp")
+    await client.commit(parent, gen, 0, [b"x" * 10, b"y" * 20])
+    child = await client.fork(parent, 1, "fc")
+    listed = {s.session_id: s async for s in client.list_sessions("agent")}
+    assert (listed[child.session_id].seq, listed[child.session_id].total_bytes) == (1, 10)
+    assert list(listed)[0] == child.session_id  # the newest activity
+    cgen = (await client.acquire_lease(child.session_id, "C", ttl=30)).generation
+    await client.commit(child.session_id, cgen, 1, [b"z" * 5])
+    listed = {s.session_id: s async for s in client.list_sessions("agent")}
+    assert (listed[child.session_id].seq, listed[child.session_id].total_bytes) == (2, 15)
+    assert (listed[parent].seq, listed[parent].total_bytes) == (2, 30)
+
+
+async def test_a_force_released_session_with_events_is_claimed(storage: Storage) -> None:
+    async with running(
+        storage, ledger_janitor_seconds=0.05, ledger_orphan_grace_seconds=0.05
+    ) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "forced")
+        live, _ = await _held(c, "live-holder")
+        d = await c.deliver(b"e", session_id=sid)
+        await c.deliver(b"e", session_id=live)  # its holder is live: never an orphan
+        assert await c.release_lease(sid, gen, force=True) == 1
+        claimed = await c.claim_orphan("W", ttl=30, wait=5)
+        assert claimed is not None and claimed.session_id == sid
+        assert (claimed.lease.generation, claimed.lease.holder_id, claimed.pending) == (gen + 1, "W", 1)
+        out = await c.commit(sid, claimed.lease.generation, 0, [b"r"], consume=[d.inbox_id])
+        assert out.pending == 0
+        assert await c.claim_orphan("V", ttl=30, wait=0.3) is None
+
+
+async def test_read_log_across_page_and_fork_boundaries(client: fencepost.AsyncClient) -> None:
+    """Forks of forks cut inside the inherited prefix, read across backend
+    pages (256 records) and across the seams between the sessions' records."""
+    root, gen = await _held(client, "deep-root")
+    seq = 0
+    for _ in range(10):  # 640 records
+        seq = (await client.commit(root, gen, seq, [b"r%d" % (seq + i + 1) for i in range(64)])).seq
+    child = (await client.fork(root, 300, "deep-child")).session_id
+    cgen = (await client.acquire_lease(child, "C", ttl=60)).generation
+    cseq = 300
+    for _ in range(5):  # 300 own records: 301..600
+        cseq = (await client.commit(child, cgen, cseq, [b"c%d" % (cseq + i + 1) for i in range(60)])).seq
+    inside = (await client.fork(child, 100, "deep-inside")).session_id  # within the child's prefix
+    seam = (await client.fork(child, 300, "deep-seam")).session_id  # exactly the child's seed
+    past = (await client.fork(child, 450, "deep-past")).session_id
+
+    def expect(lo: int, hi: int, cut: int) -> list[tuple[int, bytes]]:
+        return [(s, (b"r%d" if s <= cut else b"c%d") % s) for s in range(lo, hi + 1)]
+
+    assert await _log(client, inside) == expect(1, 100, 300)
+    assert await _log(client, seam) == expect(1, 300, 300)
+    assert await _log(client, past) == expect(1, 450, 300)
+    assert await _log(client, child, from_seq=250, limit=400) == expect(250, 600, 300)
+    assert await _log(client, child, from_seq=255, limit=3) == expect(255, 257, 300)
+    assert await _log(client, past, from_seq=299, limit=3) == expect(299, 301, 300)
+    assert await _log(client, child, from_seq=512, limit=2) == expect(512, 513, 300)
+    assert len(await _log(client, root)) == 640
