@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ import fencepost
 from fencepost import errors
 from fencepost.v1 import ledger_pb2
 from fencepost_server.storage import Storage
+from fencepost_server.storage.sqlite import SqliteStorage
 from tests.conftest import running
 
 
@@ -521,3 +523,73 @@ async def test_read_log_across_page_and_fork_boundaries(client: fencepost.AsyncC
     assert await _log(client, past, from_seq=299, limit=3) == expect(299, 301, 300)
     assert await _log(client, child, from_seq=512, limit=2) == expect(512, 513, 300)
     assert len(await _log(client, root)) == 640
+
+
+async def test_a_watch_started_amid_deliveries_pushes_each_event_once_in_order(storage: Storage) -> None:
+    async with running(storage, ledger_watch_poll_seconds=0.05) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "watch-race")
+        n = 40
+        seen: list[str] = []
+
+        async def watch() -> None:
+            async for e in c.watch_inbox(sid, gen):
+                seen.append(e.inbox_id)
+                if len(seen) >= n + 1:  # the one parked before, then n
+                    await asyncio.sleep(0.3)  # long enough for a duplicate to show
+                    return
+
+        async def deliver() -> list[str]:
+            out = []
+            for i in range(n):
+                out.append((await c.deliver(b"e%d" % i, session_id=sid)).inbox_id)
+                if i % 8 == 0:
+                    await asyncio.sleep(0.01)
+            return out
+
+        first = [(await c.deliver(b"pre", session_id=sid)).inbox_id]
+        task = asyncio.create_task(watch())
+        delivered = first + await deliver()
+        await asyncio.wait_for(task, 20)
+        assert seen == delivered
+
+
+async def test_a_lease_expired_within_the_grace_is_not_an_orphan_yet(storage: Storage) -> None:
+    async with running(
+        storage, ledger_janitor_seconds=0.05, ledger_orphan_grace_seconds=1.0
+    ) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "grace", ttl=0.05)
+        await c.deliver(b"e", session_id=sid)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await c.claim_orphan("W", ttl=30, wait=0.5) is None
+        claimed = await c.claim_orphan("W", ttl=30, wait=5)
+        assert claimed is not None and claimed.session_id == sid and claimed.lease.generation == gen + 1
+        assert loop.time() - start >= 0.9
+
+
+async def test_a_watch_sees_another_replicas_deliveries_and_takeover(tmp_path: Path) -> None:
+    path = tmp_path / "replicas.db"
+    s1, s2 = SqliteStorage(path, synchronous="NORMAL"), SqliteStorage(path, synchronous="NORMAL")
+    settings = {"ledger_watch_poll_seconds": 0.05}
+    async with running(s1, **settings) as a, running(s2, **settings) as b, \
+            a.client(timeout=10) as ca, b.client(timeout=10) as cb:
+        sid, gen = await _held(ca, "replicas")
+        seen: list[bytes] = []
+        ended: list[BaseException] = []
+
+        async def watch() -> None:
+            try:
+                async for e in ca.watch_inbox(sid, gen):
+                    seen.append(e.payload)
+            except errors.LeaseFenced as exc:
+                ended.append(exc)
+
+        task = asyncio.create_task(watch())
+        await cb.deliver(b"elsewhere", session_id=sid)
+        while not seen:
+            await asyncio.sleep(0.01)
+        await cb.release_lease(sid, gen, force=True)
+        new = (await cb.acquire_lease(sid, "B", ttl=30)).generation
+        await asyncio.wait_for(task, 10)
+        assert seen == [b"elsewhere"] and len(ended) == 1
+        assert ended[0].metadata["current_generation"] == str(new)  # type: ignore[attr-defined]
