@@ -593,3 +593,18 @@ async def test_a_watch_sees_another_replicas_deliveries_and_takeover(tmp_path: P
         await asyncio.wait_for(task, 10)
         assert seen == [b"elsewhere"] and len(ended) == 1
         assert ended[0].metadata["current_generation"] == str(new)  # type: ignore[attr-defined]
+
+
+async def test_a_new_sessions_last_activity_is_its_creation(client: fencepost.AsyncClient) -> None:
+    """last_activity_time is "the last commit (or creation)": never before
+    create_time, and equal to it until the first commit (compared as the
+    Timestamps sent, not as floats)."""
+    stub = client._ledger
+    for i in range(20):
+        opened = (await stub.OpenSession(ledger_pb2.OpenSessionRequest(agent="agent", session_key=f"t{i}"))).session
+        got = (await stub.GetSession(ledger_pb2.GetSessionRequest(session_id=opened.session_id))).session
+        forked = (await stub.Fork(ledger_pb2.ForkRequest(
+            parent_session_id=opened.session_id, at_seq=0, child_session_key=f"f{i}"))).session
+        for s in (opened, got, forked):
+            assert s.last_activity_time.ToNanoseconds() == s.create_time.ToNanoseconds(), (i, s)
+        assert got.create_time == opened.create_time
