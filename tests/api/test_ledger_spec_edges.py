@@ -608,3 +608,48 @@ async def test_a_new_sessions_last_activity_is_its_creation(client: fencepost.As
         for s in (opened, got, forked):
             assert s.last_activity_time.ToNanoseconds() == s.create_time.ToNanoseconds(), (i, s)
         assert got.create_time == opened.create_time
+
+
+async def test_an_open_watch_ends_when_its_holder_releases_or_the_session_is_deleted(storage: Storage) -> None:
+    async with running(storage, ledger_watch_poll_seconds=0.05) as srv, srv.client(timeout=10) as c:
+        for how in ("release", "delete"):
+            sid, gen = await _held(c, f"ends-{how}")
+            ended: list[BaseException] = []
+            started = asyncio.Event()
+
+            async def watch(sid: str = sid, gen: int = gen) -> None:
+                try:
+                    async for _ in c.watch_inbox(sid, gen):
+                        started.set()
+                except errors.FencepostError as exc:
+                    ended.append(exc)
+
+            await c.deliver(b"e", session_id=sid)
+            task = asyncio.create_task(watch())
+            await asyncio.wait_for(started.wait(), 10)
+            if how == "release":
+                await c.release_lease(sid, gen, force=True)
+            else:
+                await c.delete_session(sid, force=True)
+            await asyncio.wait_for(task, 10)
+            assert len(ended) == 1
+            expected = errors.LeaseFenced if how == "release" else (errors.LeaseFenced, errors.SessionNotFound)
+            assert isinstance(ended[0], expected), (how, ended)
+
+
+async def test_a_commit_moves_its_session_to_the_front_of_the_listing(client: fencepost.AsyncClient) -> None:
+    made = []
+    for i in range(3):
+        sid, gen = await _held(client, f"front{i}")
+        made.append((sid, gen))
+    fresh = {s.session_id: s async for s in client.list_sessions("agent")}
+    for sid, _ in made:
+        assert fresh[sid].last_activity_time == (await client.get_session(sid)).last_activity_time
+    assert list(fresh) == [sid for sid, _ in made][::-1]
+    oldest, gen = made[0]
+    await client.commit(oldest, gen, 0, [b"abc"])
+    listed = [s async for s in client.list_sessions("agent")]
+    assert [s.session_id for s in listed] == [oldest, made[2][0], made[1][0]]
+    assert (listed[0].seq, listed[0].total_bytes) == (1, 3)
+    info = await client.get_session(oldest)
+    assert listed[0].last_activity_time == info.last_activity_time > info.create_time

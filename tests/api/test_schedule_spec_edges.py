@@ -125,3 +125,26 @@ async def test_schedule_writes_wait_for_nothing_and_share_the_head(storage: Stor
         # a prompt trimmed as JavaScript trims: U+FEFF goes, U+0085 stays
         odd = await c.create_reminder(sid, gen, "\ufeff\u00a0 hi \u0085", after_seconds=5)
         assert odd.prompt == "hi \u0085"
+
+
+async def test_a_create_committed_by_the_runtime_is_folded_and_its_id_not_reused(storage: Storage) -> None:
+    clock = FakeClock()
+    async with running(storage, schedule_clock=clock) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "runtime")
+        target = int((clock.now - 5) * 1000)
+        rec = ('{"record":{"after_seconds":5,"id":"rem_5","kind":"after","prompt":"from the runtime",'
+               f'"scheduled_at":{target},"type":"create","v":1}},"stream":"schedule/change"}}').encode()
+        await c.commit(sid, gen, 0, [b"turn", rec])
+        due = [r async for r in c.due_reminders(sid)]
+        assert [(r.id, r.prompt, r.seq, r.status) for r in due] == [("rem_5", "from the runtime", 2, "overdue")]
+        assert (await c.create_reminder(sid, gen, "mine", after_seconds=5)).id == "rem_6"
+        child = await c.fork(sid, 2, "runtime-child")
+        cgen = (await c.acquire_lease(child.session_id, "C", ttl=60)).generation
+        pushed = []
+        async with asyncio.timeout(5):
+            mine = await c.create_reminder(child.session_id, cgen, "child's", after_seconds=1)
+            clock.now += 2
+            async for r in c.watch_due(child.session_id, cgen):
+                pushed.append(r.id)
+                break
+        assert pushed == [mine.id] and mine.id == "rem_6"  # the parent's rem_5 is not the child's work
