@@ -653,3 +653,20 @@ async def test_a_commit_moves_its_session_to_the_front_of_the_listing(client: fe
     assert (listed[0].seq, listed[0].total_bytes) == (1, 3)
     info = await client.get_session(oldest)
     assert listed[0].last_activity_time == info.last_activity_time > info.create_time
+
+
+async def test_racing_retries_apply_once(client: fencepost.AsyncClient) -> None:
+    """A commit and its retries in flight at once land once; so do racing
+    redeliveries of one dedupe key."""
+    sid, gen = await _held(client, "racing-retries")
+    deliveries = await asyncio.gather(*(
+        client.deliver(b"e", session_id=sid, dedupe_key="same") for _ in range(6)))
+    assert len({d.inbox_id for d in deliveries}) == 1
+    assert sorted(d.duplicate for d in deliveries) == [False] + [True] * 5
+    eid = deliveries[0].inbox_id
+    commits = await asyncio.gather(*(
+        client.commit(sid, gen, 0, [b"once"], consume=[eid], commit_id="same") for _ in range(6)))
+    assert {c.seq for c in commits} == {1}
+    assert sorted(c.replayed for c in commits) == [False] + [True] * 5
+    assert await _log(client, sid) == [(1, b"once")]
+    assert [e async for e in client.list_inbox(sid)] == []
