@@ -670,3 +670,33 @@ async def test_racing_retries_apply_once(client: fencepost.AsyncClient) -> None:
     assert sorted(c.replayed for c in commits) == [False] + [True] * 5
     assert await _log(client, sid) == [(1, b"once")]
     assert [e async for e in client.list_inbox(sid)] == []
+
+
+async def test_paged_listing_over_superseded_entries_lists_each_session_once(client: fencepost.AsyncClient) -> None:
+    held = [await _held(client, f"busy{i}") for i in range(12)]
+    for rnd in range(3):  # every commit supersedes the session's previous index entry
+        for i, (sid, gen) in enumerate(held):
+            if (i + rnd) % 2 == 0 or rnd == 2:
+                head = (await client.get_session(sid)).seq
+                await client.commit(sid, gen, head, [b"x" * (i + 1)])
+    expected = [sid for sid, _ in held][::-1]  # the last round touched each in order
+    for size in (1, 5, 12, 0):
+        got = [s async for s in client.list_sessions("agent", page_size=size)]
+        assert [s.session_id for s in got] == expected, size
+    capped = [s.session_id async for s in client.list_sessions("agent", page_size=5, max_sessions=7)]
+    assert capped == expected[:7]
+
+
+async def test_a_fork_of_a_busy_parent_starts_with_no_lease_and_an_empty_inbox(client: fencepost.AsyncClient) -> None:
+    parent, gen = await _held(client, "busy-parent")
+    await client.deliver(b"e", session_id=parent, dedupe_key="d")
+    await client.commit(parent, gen, 0, [b"1"])
+    child = await client.fork(parent, 1, "busy-child")
+    assert (child.pending, child.lease.generation, child.lease.holder_id, child.lease.live) == (0, 0, "", False)
+    assert [e async for e in client.list_inbox(child.session_id)] == []
+    # the parent's dedupe keys are not the child's: the same key parks anew there
+    again = await client.deliver(b"e", session_id=child.session_id, dedupe_key="d")
+    assert not again.duplicate
+    assert (await client.get_session(parent)).pending == 1
+    # the child's first grant is generation 1, whatever the parent's
+    assert (await client.acquire_lease(child.session_id, "C", ttl=30)).generation == 1
