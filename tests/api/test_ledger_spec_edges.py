@@ -700,3 +700,24 @@ async def test_a_fork_of_a_busy_parent_starts_with_no_lease_and_an_empty_inbox(c
     assert (await client.get_session(parent)).pending == 1
     # the child's first grant is generation 1, whatever the parent's
     assert (await client.acquire_lease(child.session_id, "C", ttl=30)).generation == 1
+
+
+async def test_holder_ids_and_durations_are_validated_before_anything_is_written(client: fencepost.AsyncClient) -> None:
+    sid = (await client.open_session("agent", "validate")).session_id
+    long_holder = "h" * 1025
+    attempts = [
+        client.acquire_lease(sid, long_holder, ttl=30),
+        client.deliver(b"e", session_id=sid, try_lease=long_holder),
+        client.claim_orphan(long_holder, ttl=30),
+        client.claim_orphan("W", ttl=-1),
+        client.claim_orphan("", ttl=30),
+        client.renew_lease(sid, 1, ttl=30, holder_id=long_holder),
+        client.renew_lease(sid, 1, ttl=-1),
+    ]
+    for attempt in attempts:
+        with pytest.raises(errors.FencepostError) as refused:
+            await attempt
+        assert (refused.value.code, refused.value.reason) == ("INVALID_ARGUMENT", "FIELD_INVALID"), refused.value
+    info = await client.get_session(sid)
+    assert (info.pending, info.lease.generation) == (0, 0)
+    assert (await client.acquire_lease(sid, "h" * 1024, ttl=30)).holder_id == "h" * 1024
