@@ -148,3 +148,26 @@ async def test_a_create_committed_by_the_runtime_is_folded_and_its_id_not_reused
                 pushed.append(r.id)
                 break
         assert pushed == [mine.id] and mine.id == "rem_6"  # the parent's rem_5 is not the child's work
+
+
+async def test_write_responses_carry_the_head(storage: Storage) -> None:
+    from fencepost.v1 import schedule_pb2 as spb
+    from fencepost.v1 import schedule_pb2_grpc
+
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        sid, gen = await _held(c, "heads")
+        await c.commit(sid, gen, 0, [b"turn"])
+        stub = schedule_pb2_grpc.ScheduleServiceStub(c._channel)
+        made = await stub.CreateReminder(spb.CreateReminderRequest(
+            session_id=sid, generation=gen, prompt="p", after_seconds=60))
+        assert made.seq == made.reminder.seq == 2
+        assert made.reminder.status == spb.REMINDER_STATUS_SCHEDULED
+        assert made.reminder.delivery_mode == spb.DELIVERY_MODE_SESSION_LOCAL
+        done = await stub.Dispatch(spb.DispatchRequest(session_id=sid, generation=gen, id="rem_1"))
+        assert (done.dispatched, done.seq) == (True, 3)
+        noop = await stub.Dispatch(spb.DispatchRequest(session_id=sid, generation=gen, id="rem_1"))
+        assert (noop.dispatched, noop.seq) == (False, 3)
+        gone = await stub.DeleteReminder(spb.DeleteReminderRequest(session_id=sid, generation=gen, id="rem_7"))
+        assert (gone.found, gone.seq) == (False, 3)
+        listed = await stub.ListReminders(spb.ListRemindersRequest(session_id=sid))
+        assert (list(listed.reminders), listed.seq) == ([], 3)
