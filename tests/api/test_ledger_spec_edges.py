@@ -725,3 +725,23 @@ async def test_holder_ids_and_durations_are_validated_before_anything_is_written
     info = await client.get_session(sid)
     assert (info.pending, info.lease.generation) == (0, 0)
     assert (await client.acquire_lease(sid, "h" * 1024, ttl=30)).holder_id == "h" * 1024
+
+
+async def test_list_sessions_defaults_to_1000_sessions_in_pages_of_100() -> None:
+    """The default caps are the ledger's, not a backend's: checked on memory
+    (a thousand and three sessions)."""
+    from fencepost_server.storage.memory import MemoryStorage
+
+    async with running(MemoryStorage()) as srv, srv.client(timeout=30) as c:
+        for start in range(0, 1003, 50):
+            await asyncio.gather(*(c.open_session("agent", f"k{j}") for j in range(start, min(start + 50, 1003))))
+        sizes, token = [], ""
+        while True:
+            page, token = await c.list_sessions_page("agent", page_token=token)
+            sizes.append(len(page))
+            if not token:
+                break
+        assert sizes == [100] * 10
+        page, token = await c.list_sessions_page("agent", page_size=1000)
+        assert (len(page), token) == (1000, "")  # max_sessions binds: the listing is over
+        assert len([s async for s in c.list_sessions("agent", max_sessions=2000, page_size=1000)]) == 1003
