@@ -4,12 +4,14 @@ orders, terminal transitions, fencing and WatchDue's pushes."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 import fencepost
 from fencepost import errors
 from fencepost_server.storage import Storage
+from fencepost_server.storage.sqlite import SqliteStorage
 from tests.api.test_schedule_api import FakeClock, _held, _take_over
 from tests.conftest import running
 
@@ -171,3 +173,31 @@ async def test_write_responses_carry_the_head(storage: Storage) -> None:
         assert (gone.found, gone.seq) == (False, 3)
         listed = await stub.ListReminders(spb.ListRemindersRequest(session_id=sid))
         assert (list(listed.reminders), listed.seq) == ([], 3)
+
+
+async def test_watch_due_sees_another_replicas_reminders_and_takeover(tmp_path: Path) -> None:
+    path = tmp_path / "replicas.db"
+    clock = FakeClock()
+    settings = {"schedule_clock": clock, "schedule_watch_seconds": 0.05}
+    s1, s2 = SqliteStorage(path, synchronous="NORMAL"), SqliteStorage(path, synchronous="NORMAL")
+    async with running(s1, **settings) as a, running(s2, **settings) as b, \
+            a.client(timeout=10) as ca, b.client(timeout=10) as cb:
+        sid, gen = await _held(ca, "replicas")
+        seen: list[str] = []
+        ended: list[BaseException] = []
+
+        async def watch() -> None:
+            try:
+                async for r in ca.watch_due(sid, gen):
+                    seen.append(r.id)
+            except errors.LeaseFenced as exc:
+                ended.append(exc)
+
+        task = asyncio.create_task(watch())
+        made = await cb.create_reminder(sid, gen, "elsewhere", after_seconds=10)
+        clock.now += 10
+        while not seen:
+            await asyncio.sleep(0.01)
+        await _take_over(cb, sid, gen)
+        await asyncio.wait_for(task, 10)
+        assert seen == [made.id] and len(ended) == 1
