@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import fencepost
 from fencepost import errors
 from fencepost_server.storage import Storage
 from fencepost_server.storage.sqlite import SqliteStorage
