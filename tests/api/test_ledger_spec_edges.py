@@ -99,7 +99,7 @@ async def test_a_replay_returns_the_first_seq_and_pending_after_later_commits(cl
         with pytest.raises(errors.FencepostError) as reused:
             await client.commit(sid, gen, other["expected_seq"], other["records"],  # type: ignore[arg-type]
                                 consume=other["consume"], commit_id="turn-1")  # type: ignore[arg-type]
-        assert reused.value.code == "INVALID_ARGUMENT", reused.value
+        assert (reused.value.code, reused.value.reason) == ("INVALID_ARGUMENT", "FIELD_INVALID"), reused.value
     assert await _log(client, sid) == [(1, b"1"), (2, b"2"), (3, b"3")]
 
 
