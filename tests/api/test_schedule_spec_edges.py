@@ -200,3 +200,18 @@ async def test_watch_due_sees_another_replicas_reminders_and_takeover(tmp_path: 
         await _take_over(cb, sid, gen)
         await asyncio.wait_for(task, 10)
         assert seen == [made.id] and len(ended) == 1
+
+
+async def test_id_shapes_and_rules_are_refused_before_storage_is_touched(storage: Storage) -> None:
+    """No such session, yet the request's own faults are what is answered:
+    they are decided before anything is read."""
+    async with running(storage) as srv, srv.client(timeout=10) as c:
+        missing = "0" * 32 + ".YWdlbnQ"
+        with pytest.raises(errors.ReminderInvalid):
+            await c.delete_reminder(missing, 1, "rem_01")
+        with pytest.raises(errors.ReminderInvalid):
+            await c.dispatch_reminder(missing, 1, "reminder")
+        with pytest.raises(errors.RuleUnsupported):
+            await c.create_reminder(missing, 1, "p", every_seconds=60)
+        with pytest.raises(errors.SessionNotFound):
+            await c.delete_reminder(missing, 1, "rem_1")
