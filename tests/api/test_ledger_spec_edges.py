@@ -745,3 +745,20 @@ async def test_list_sessions_defaults_to_1000_sessions_in_pages_of_100() -> None
         page, token = await c.list_sessions_page("agent", page_size=1000)
         assert (len(page), token) == (1000, "")  # max_sessions binds: the listing is over
         assert len([s async for s in c.list_sessions("agent", max_sessions=2000, page_size=1000)]) == 1003
+
+
+async def test_racing_acquires_grant_one_and_the_rest_are_told_who_holds_it(client: fencepost.AsyncClient) -> None:
+    sid = (await client.open_session("agent", "acquire-race")).session_id
+
+    async def one(i: int) -> fencepost.Lease | errors.FencepostError:
+        try:
+            return await client.acquire_lease(sid, f"H{i}", ttl=30)
+        except errors.FencepostError as exc:
+            return exc
+
+    out = await asyncio.gather(*(one(i) for i in range(8)))
+    granted = [o for o in out if not isinstance(o, errors.FencepostError)]
+    assert len(granted) == 1 and granted[0].generation == 1
+    refused = [o for o in out if isinstance(o, errors.FencepostError)]
+    assert all(isinstance(r, errors.LeaseHeld) and r.metadata["holder"] == granted[0].holder_id for r in refused)
+    assert (await client.get_session(sid)).lease.generation == 1
