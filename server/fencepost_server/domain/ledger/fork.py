@@ -66,7 +66,7 @@ class ForkMethods(ListingMethods):
             if res.applied:
                 self._identities.put(idkey, sid)
                 self.remember_activity(sk, act)
-                return self._view(meta, at_seq, NO_LEASE, 0, meta.created)
+                return self._view(meta, at_seq, NO_LEASE, 0)
             if 0 in res.failed:
                 raise session_not_found(parent_sid)
             refused = refusal(res, 1)

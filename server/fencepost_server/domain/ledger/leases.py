@@ -20,7 +20,8 @@ class LeaseMethods(LedgerBase):
         the live holder and passes its generation; else LEASE_HELD. The live
         holder's own id without its generation is granted a new generation
         (a restarted holder reclaiming its lease) unless `reclaim` is false:
-        then its live lease is held like anyone's (Deliver's try_lease).
+        then its live lease is held like anyone's (Deliver's try_lease). A
+        `generation` that is not the current one is LEASE_FENCED.
 
         Steady state is one transaction: the lease item last seen by this
         process is the CAS expectation. A stale cache costs one read and one
@@ -42,6 +43,13 @@ class LeaseMethods(LedgerBase):
                     item, fresh = await self.read_lease(sk), True
                     continue
                 raise lease_held(st)
+            if generation and generation != st.generation:
+                # a renewal of a generation granted anew since: fenced (final);
+                # a grant here would fence the newer incarnation mid-turn
+                if not fresh:
+                    item, fresh = await self.read_lease(sk), True
+                    continue
+                raise lease_fenced(generation, st.generation, released=st.released)
             granted = await self.grant(sk, item, holder, ttl, st)
             if granted is not None:
                 return granted

@@ -166,12 +166,17 @@ class SessionMethods(ActivityMethods):
         self._identities.put(idkey, sid)
         self.remember_activity(sk, act)
         self.remember_lease(sk.lease, Item(sk.lease, NO_LEASE.encode(), res.versions[3] or ""))
-        return sid, self._view(meta, 0, NO_LEASE, 0, meta.created)
+        return sid, self._view(meta, 0, NO_LEASE, 0)
 
-    def _view(self, meta: Meta, seq: int, lease: LeaseState, pending: int, activity: float) -> SessionView:
+    def _view(
+        self, meta: Meta, seq: int, lease: LeaseState, pending: int, activity: float | None = None
+    ) -> SessionView:
+        # created at the µs precision activity times are kept at (act/ "u"), so a
+        # session's last activity (None: its creation) is never before it
+        created = int(meta.created * 1e6) / 1e6
         return SessionView(
             meta.sid, meta.agent, meta.key, seq, lease, pending, meta.parent, meta.seed_length,
-            meta.created, activity, meta.metadata,
+            created, created if activity is None else activity, meta.metadata,
         )
 
     async def resolve(self, tenant: str, agent: str, session_key: str) -> SessionView:
@@ -201,7 +206,7 @@ class SessionMethods(ActivityMethods):
             raise session_not_found(sid)
         self.remember_lease(sk.lease, lease_i)
         meta = Meta.decode(meta_i.value)
-        activity = meta.created
+        activity: float | None = None
         if act_i is not None:
             self.remember_activity(sk, act_i.value)
             act = Activity.decode(act_i.value)
