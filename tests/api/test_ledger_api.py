@@ -185,8 +185,10 @@ async def test_watch_inbox_pushes_backlog_then_new_events(client: fencepost.Asyn
 async def test_session_helper_renews_and_stops_on_fence(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=10) as client:
         sid = (await client.open_session("agent", "helper")).session_id
-        async with client.session(sid, "A", ttl=0.3) as s:
-            await asyncio.sleep(0.7)  # renewed in the background (ttl/3) meanwhile
+        # TTLs long enough for a loaded machine: a renewal that takes longer than
+        # what is left of the TTL ends the session (its deadline), by design
+        async with client.session(sid, "A", ttl=1.5) as s:
+            await asyncio.sleep(2.0)  # past the TTL: renewed in the background (ttl/3) meanwhile
             with pytest.raises(errors.LeaseHeld):
                 await client.acquire_lease(sid, "B", ttl=30)
             await s.commit([b"one"])
@@ -196,7 +198,7 @@ async def test_session_helper_renews_and_stops_on_fence(storage: Storage) -> Non
         await s2.acquire()
         # D takes over once C stops renewing; C's next renew/commit is fenced
         await s2._stop()
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.5)
         await client.acquire_lease(sid, "D", ttl=30)
         with pytest.raises(errors.LeaseFenced):
             await s2.commit([b"late"])
