@@ -362,10 +362,9 @@ async def test_two_erasures_of_one_agent_at_once(storage: Storage, app: App) -> 
         sids = await everything(a, "agent")
         ops = await asyncio.gather(a.erase_agent("agent", request_id="one"), a.erase_agent("agent", request_id="two"))
         assert ops[0].name != ops[1].name
+        # (that either one keeps the scope closed while it runs is test_erasure_fence's:
+        # checked here it would race the other's end)
         first = await a.wait_operation(ops[0].name)
-        if not (await a.get_operation(ops[1].name)).done:  # the other keeps the scope closed
-            with pytest.raises(errors.ErasureInProgress):
-                await a.open_session("agent", "new")
         second = await a.wait_operation(ops[1].name)
         assert first.done and second.done and first.sessions_fenced + second.sessions_fenced >= 2
         assert raw_keys_naming(storage, "/agentkit/v1/agent/", *sids) == []
