@@ -24,7 +24,7 @@ from tests.dynamo_support import TEST_PARTITION_CACHE, moto_endpoint, REGION
 from tests.raw_store import raw_items
 
 from .test_erase_scopes import agent_needles, naming, outside, write_everything
-from .test_restore_services import cli, dynamo_url
+from .test_restore_services import cli, dynamo_url, move
 
 TENANT = "default"  # unauthenticated local use
 #: as test_erase_scopes' server: small journals, so a few appends rotate into archives
@@ -196,14 +196,7 @@ async def test_a_delete_session_cut_short_is_swept_on_the_new_store(tmp_path: Pa
     finally:
         await source.close()
 
-    if route == "migrate":
-        target_url = await dynamo_url()
-        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
-    else:
-        target_url = f"sqlite://{tmp_path / 'target.db'}"
-        assert cli("backup", "--backend", source_url, "--out", str(tmp_path / "x.arch")).returncode == 0
-        done = cli("restore", "--backend", target_url, "--in", str(tmp_path / "x.arch"))
-    assert done.returncode == 0, done.stderr
+    target_url = await move(route, source_url, tmp_path)
 
     target = _open(target_url)
     try:

@@ -14,7 +14,7 @@ import fencepost
 from fencepost_server.storage import open_backend
 from tests.conftest import running
 
-from .test_restore_services import cli, dynamo_url
+from .test_restore_services import move
 
 SETTINGS = {"ledger_janitor_seconds": 0.2, "ledger_orphan_grace_seconds": 0.5}
 
@@ -39,14 +39,7 @@ async def test_an_orphaned_session_is_claimable_after_the_move(tmp_path: Path, r
     finally:
         await source.close()
 
-    if route == "migrate":
-        target_url = await dynamo_url()
-        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
-    else:
-        target_url = f"sqlite://{tmp_path / 'target.db'}"
-        assert cli("backup", "--backend", source_url, "--out", str(tmp_path / "x.arch")).returncode == 0
-        done = cli("restore", "--backend", target_url, "--in", str(tmp_path / "x.arch"))
-    assert done.returncode == 0, done.stderr
+    target_url = await move(route, source_url, tmp_path)
 
     target = open_backend(target_url)
     try:
@@ -87,14 +80,7 @@ async def test_due_and_dispatched_reminders_stay_so_after_the_move(tmp_path: Pat
     finally:
         await source.close()
 
-    if route == "migrate":
-        target_url = await dynamo_url()
-        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
-    else:
-        target_url = f"sqlite://{tmp_path / 'target.db'}"
-        assert cli("backup", "--backend", source_url, "--out", str(tmp_path / "x.arch")).returncode == 0
-        done = cli("restore", "--backend", target_url, "--in", str(tmp_path / "x.arch"))
-    assert done.returncode == 0, done.stderr
+    target_url = await move(route, source_url, tmp_path)
 
     target = open_backend(target_url)
     try:

@@ -36,6 +36,21 @@ async def dynamo_url() -> str:
     return backend_url(storage.table)
 
 
+async def move(route: str, source_url: str, work: Path) -> str:
+    """Move the store at `source_url` by `route` ("migrate": into a new
+    DynamoDB table; else a backup restored into a new SQLite file), as
+    processes; the target's URL."""
+    if route == "migrate":
+        target_url = await dynamo_url()
+        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(work / "work"))
+    else:
+        target_url = f"sqlite://{work / 'target.db'}"
+        assert cli("backup", "--backend", source_url, "--out", str(work / "x.arch")).returncode == 0
+        done = cli("restore", "--backend", target_url, "--in", str(work / "x.arch"))
+    assert done.returncode == 0, done.stderr
+    return target_url
+
+
 @dataclass
 class Requests:
     """Writes made with a request id, and their first outcomes."""
