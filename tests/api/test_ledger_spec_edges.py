@@ -397,6 +397,24 @@ async def test_acquire_renewing_a_fenced_generation_is_lease_fenced(client: fenc
     assert (await client.acquire_lease(sid, "A", ttl=30)).generation == new.generation + 1
 
 
+async def test_acquire_by_the_holder_with_its_generation_just_after_expiry_is_a_renew(
+    client: fencepost.AsyncClient,
+) -> None:
+    """Re-acquire by the current holder with its own generation is a renew,
+    and a renew extends a lease that has just expired while nobody took it:
+    the same generation, so the holder's writes in flight are not fenced."""
+    sid = (await client.open_session("agent", "expired-renew")).session_id
+    lease = await client.acquire_lease(sid, "A", ttl=0.2)
+    while (await client.get_session(sid)).lease.live:
+        await asyncio.sleep(0.05)
+    again = await client.acquire_lease(sid, "A", ttl=30, generation=lease.generation)
+    assert again.generation == lease.generation
+    assert (await client.commit(sid, lease.generation, 0, [b"turn"])).seq == 1
+    # another holder's id with that generation is not a renew: the live lease is held
+    with pytest.raises(errors.LeaseHeld):
+        await client.acquire_lease(sid, "B", ttl=30, generation=lease.generation)
+
+
 async def test_commit_precedence_and_input_refusals(client: fencepost.AsyncClient) -> None:
     sid, gen = await _held(client, "precedence")
     e = (await client.deliver(b"e", session_id=sid)).inbox_id

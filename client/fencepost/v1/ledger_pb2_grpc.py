@@ -272,8 +272,8 @@ class LedgerServiceServicer:
     def AcquireLease(self, request, context):
         """AcquireLease grants the lease when there is none or it expired by the
         server's clock, under a new generation (the fencing token; it only ever
-        increases). The holder of a live lease that passes its own generation
-        renews instead; a holder_id equal to the live holder's without its
+        increases). The holder that passes its own generation renews instead
+        (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); LEASE_FENCED (a renewal by generation found that

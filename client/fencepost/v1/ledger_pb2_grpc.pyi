@@ -132,8 +132,8 @@ class LedgerServiceStub:
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]
     """AcquireLease grants the lease when there is none or it expired by the
     server's clock, under a new generation (the fencing token; it only ever
-    increases). The holder of a live lease that passes its own generation
-    renews instead; a holder_id equal to the live holder's without its
+    increases). The holder that passes its own generation renews instead
+    (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); LEASE_FENCED (a renewal by generation found that
@@ -359,8 +359,8 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     AcquireLease: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AcquireLeaseRequest, _ledger_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
     """AcquireLease grants the lease when there is none or it expired by the
     server's clock, under a new generation (the fencing token; it only ever
-    increases). The holder of a live lease that passes its own generation
-    renews instead; a holder_id equal to the live holder's without its
+    increases). The holder that passes its own generation renews instead
+    (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
     generation is granted a new generation (fencing its older incarnation).
     Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
     `expires_at`); LEASE_FENCED (a renewal by generation found that
@@ -619,8 +619,8 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.AcquireLeaseResponse, _abc.Awaitable[_ledger_pb2.AcquireLeaseResponse]]:
         """AcquireLease grants the lease when there is none or it expired by the
         server's clock, under a new generation (the fencing token; it only ever
-        increases). The holder of a live lease that passes its own generation
-        renews instead; a holder_id equal to the live holder's without its
+        increases). The holder that passes its own generation renews instead
+        (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
         generation is granted a new generation (fencing its older incarnation).
         Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
         `expires_at`); LEASE_FENCED (a renewal by generation found that

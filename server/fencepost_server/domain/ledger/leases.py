@@ -17,7 +17,8 @@ class LeaseMethods(LedgerBase):
         reclaim: bool = True,
     ) -> LeaseState:
         """Grant (new generation) when free or expired; renew when the caller is
-        the live holder and passes its generation; else LEASE_HELD. The live
+        the holder and passes its generation (live, or expired and not taken
+        since: as RenewLease); else LEASE_HELD. The live
         holder's own id without its generation is granted a new generation
         (a restarted holder reclaiming its lease) unless `reclaim` is false:
         then its live lease is held like anyone's (Deliver's try_lease). A
@@ -36,7 +37,9 @@ class LeaseMethods(LedgerBase):
         for _ in range(_ATTEMPTS):
             st = LeaseState.decode(item.value)
             now = self.clock()
-            if st.live(now) and generation and generation == st.generation and holder == st.holder:
+            if generation and generation == st.generation and holder == st.holder and not st.released:
+                # a renew, as RenewLease: also just after expiry while nobody took it
+                # (a new generation here would fence the holder's own writes in flight)
                 return await self.renew(tenant, sid, generation, ttl, holder)
             if st.live(now) and (holder != st.holder or not reclaim):
                 if not fresh:

@@ -4723,8 +4723,8 @@ export const LedgerServiceService = {
   /**
    * AcquireLease grants the lease when there is none or it expired by the
    * server's clock, under a new generation (the fencing token; it only ever
-   * increases). The holder of a live lease that passes its own generation
-   * renews instead; a holder_id equal to the live holder's without its
+   * increases). The holder that passes its own generation renews instead
+   * (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
    * generation is granted a new generation (fencing its older incarnation).
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); LEASE_FENCED (a renewal by generation found that
@@ -5006,8 +5006,8 @@ export interface LedgerServiceServer extends UntypedServiceImplementation {
   /**
    * AcquireLease grants the lease when there is none or it expired by the
    * server's clock, under a new generation (the fencing token; it only ever
-   * increases). The holder of a live lease that passes its own generation
-   * renews instead; a holder_id equal to the live holder's without its
+   * increases). The holder that passes its own generation renews instead
+   * (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
    * generation is granted a new generation (fencing its older incarnation).
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); LEASE_FENCED (a renewal by generation found that
@@ -5273,8 +5273,8 @@ export interface LedgerServiceClient extends Client {
   /**
    * AcquireLease grants the lease when there is none or it expired by the
    * server's clock, under a new generation (the fencing token; it only ever
-   * increases). The holder of a live lease that passes its own generation
-   * renews instead; a holder_id equal to the live holder's without its
+   * increases). The holder that passes its own generation renews instead
+   * (as RenewLease, also just after expiry while nobody took it); a holder_id equal to the live holder's without its
    * generation is granted a new generation (fencing its older incarnation).
    * Errors: FAILED_PRECONDITION / LEASE_HELD (walk away or retry after
    * `expires_at`); LEASE_FENCED (a renewal by generation found that
