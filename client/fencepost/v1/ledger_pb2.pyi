@@ -795,12 +795,13 @@ class CommitResponse(_message.Message):
     PENDING_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
-    """The new head seq."""
+    """The new head seq (on a replay: the seq the first attempt committed)."""
     pending: _builtins.int
     """Events still pending (run a follow-up turn when > 0), at most 1,000. An
     event parked at the same moment may or may not be included. 1 when the
     write applied but the count could not be read (the follow-up turn finds
-    out).
+    out). On a replay, counted now (not what the first attempt saw): what a
+    follow-up turn has to drain.
     """
     replayed: _builtins.bool
     """True when this call found the commit already applied (a retry)."""
