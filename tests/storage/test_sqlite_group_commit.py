@@ -81,6 +81,51 @@ async def test_a_statement_error_without_a_savepoint_fails_only_that_write(store
     assert (await store.get("c")) is not None and (await store.get("d")) is not None
 
 
+async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batch(store: SqliteStorage) -> None:
+    """Transactions run without a savepoint (one statement per kind of write):
+    when a later statement fails, SQLite undoes that statement only, and the
+    earlier one's rows must not be committed with the rest of the batch."""
+    def half_then_clash(conn: sqlite3.Connection, version: Callable[[], str]) -> None:
+        _put("half")(conn, version)
+        _put("taken")(conn, version)  # primary key clash after a statement that changed a row
+
+    await store.put("taken", b"1")
+    gate = _hold_writer(store)
+    batch = [
+        _submit(store, _put("x"), savepoint=False),
+        _submit(store, half_then_clash, savepoint=False),
+        _submit(store, _put("y"), savepoint=False),
+    ]
+    gate.set()
+    results = await asyncio.gather(*batch, return_exceptions=True)
+
+    assert all(isinstance(r, BackendUnavailable) for r in results)  # none of it applied, all retryable
+    assert await store.get("half") is None
+    assert await store.get("x") is None and await store.get("y") is None
+    await store.put("after", b"1")
+    assert (await store.get("after")) is not None
+
+
+async def test_a_transaction_applies_all_its_writes_or_none(store: SqliteStorage) -> None:
+    """A transaction's puts go in one statement and its deletes in another."""
+    from fencepost_server.storage import Delete, Put
+
+    await store.put("old", b"1")
+    res = await store.transact((), [Put("new1", b"a"), Put("new2", b"b"), Delete("old")])
+    assert res.applied and res.versions[2] is None
+    assert [await store.get(k) is not None for k in ("new1", "new2", "old")] == [True, True, False]
+
+    def fail_deletes(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TEMP TRIGGER no_deletes BEFORE DELETE ON main.kv BEGIN "
+                     "SELECT RAISE(ABORT, 'deletes refused'); END")
+
+    fail_deletes(store._writer._conn)
+    with pytest.raises(BackendUnavailable):
+        await store.transact((), [Put("new3", b"c"), Delete("new1")])
+    store._writer._conn.execute("DROP TRIGGER no_deletes")
+    assert await store.get("new3") is None and await store.get("new1") is not None
+
+
 async def test_a_rolled_back_transaction_fails_the_whole_batch(store: SqliteStorage) -> None:
     def lose_the_transaction(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
         conn.execute("ROLLBACK")  # as SQLite does on disk full or an I/O error

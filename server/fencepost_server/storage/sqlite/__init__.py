@@ -209,8 +209,8 @@ class SqliteStorage(Storage):
     ) -> TxnResult:
         validate_transaction(checks, writes)
 
-        return await self._write_op(lambda conn, version: apply_transaction(conn, version, checks, writes, count),
-                                    savepoint=len(writes) > 1 or count is not None)
+        # no savepoint: a write that fails part-way fails its batch (writer.py)
+        return await self._write_op(lambda conn, version: apply_transaction(conn, version, checks, writes, count))
 
     keeps_markers_with_items = True
 
@@ -238,7 +238,7 @@ class SqliteStorage(Storage):
             result = apply_transaction(conn, version, checks, [*writes, *own_row])
             return replace(result, versions=result.versions[:-1]) if result.applied else result
 
-        return await self._write_op(op, savepoint=len(writes) + len(own_row) > 1)
+        return await self._write_op(op)
 
     async def forget_markers(self, prefix: str) -> None:
         where, args = bounds(prefix, None)

@@ -316,15 +316,22 @@ class Worker:
             for op, savepoint in batch:
                 if savepoint:
                     conn.execute("SAVEPOINT op")
+                else:
+                    changed = conn.total_changes
                 outcome = _call(op, (conn, self._version))
                 if savepoint:
                     conn.execute("RELEASE op" if outcome[0] else "ROLLBACK TO op")
                     if not outcome[0]:
                         conn.execute("RELEASE op")  # one bad op must not sink the batch
-                elif not outcome[0] and not conn.in_transaction:
-                    # some errors (disk full, I/O) roll the whole transaction back:
-                    # nothing of this batch was applied, and the rest must not run unbatched
-                    raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
+                elif not outcome[0]:
+                    if not conn.in_transaction:
+                        # some errors (disk full, I/O) roll the whole transaction back:
+                        # nothing of this batch was applied, and the rest must not run unbatched
+                        raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
+                    if conn.total_changes != changed:
+                        # SQLite undid the failing statement only, and an earlier one of
+                        # this op changed rows: the batch must not commit half an op
+                        raise sqlite3.OperationalError(f"a write failed part-way: {outcome[1]}")
                 outcomes.append(outcome)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
