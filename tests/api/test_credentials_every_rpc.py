@@ -88,6 +88,11 @@ async def test_every_rpc_refuses_bad_credentials_and_writes_nothing(
         "other scheme": _Raw(channel, (("authorization", "Basic token-tenant-a"),)),
         "no scheme": _Raw(channel, (("authorization", "token-tenant-a"),)),
         "token then junk": _Raw(channel, (("authorization", "Bearer token-tenant-a junk"),)),
+        # two authorization headers are ambiguous, even when both name a valid token
+        "two tokens": _Raw(channel, (("authorization", "Bearer token-tenant-a"),
+                                     ("authorization", "Bearer token-operator-a"))),
+        "one token twice": _Raw(channel, (("authorization", "Bearer token-tenant-a"),
+                                          ("authorization", "Bearer token-tenant-a"))),
         # the identity header of a sidecar is not trusted unless enabled
         "forwarded cert only": _Raw(channel, (("x-forwarded-client-cert", "URI=spiffe://corp/tenant-a"),)),
     }

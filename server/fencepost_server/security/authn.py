@@ -27,10 +27,15 @@ log = logging.getLogger("fencepost.security")
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The one value of `key`; a call that sends it twice is refused rather
+    than judged by whichever copy a proxy or client put first."""
+    found = None
     for k, v in context.invocation_metadata() or ():
         if k == key:
-            return v if isinstance(v, str) else v.decode()
-    return None
+            if found is not None:
+                raise _refuse(f"'{key}' metadata sent more than once")
+            found = v if isinstance(v, str) else v.decode()
+    return found
 
 
 def _refuse(message: str) -> Unauthenticated:
