@@ -81,6 +81,25 @@ async def test_a_statement_error_without_a_savepoint_fails_only_that_write(store
     assert (await store.get("c")) is not None and (await store.get("d")) is not None
 
 
+async def _a_batch_around(store: SqliteStorage, bad: Op) -> None:
+    """Batch `bad` between two good writes: the whole batch must fail, each
+    write answered BackendUnavailable (retryable), none of it applied, and
+    the writer carries on with the next batch."""
+    gate = _hold_writer(store)
+    batch = [
+        _submit(store, _put("x"), savepoint=False),
+        _submit(store, bad, savepoint=False),
+        _submit(store, _put("y"), savepoint=False),
+    ]
+    gate.set()
+    results = await asyncio.gather(*batch, return_exceptions=True)
+
+    assert all(isinstance(r, BackendUnavailable) for r in results)
+    assert await store.get("x") is None and await store.get("y") is None
+    await store.put("after", b"1")
+    assert (await store.get("after")) is not None
+
+
 async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batch(store: SqliteStorage) -> None:
     """Transactions run without a savepoint (one statement per kind of write):
     when a later statement fails, SQLite undoes that statement only, and the
@@ -90,20 +109,8 @@ async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batc
         _put("taken")(conn, version)  # primary key clash after a statement that changed a row
 
     await store.put("taken", b"1")
-    gate = _hold_writer(store)
-    batch = [
-        _submit(store, _put("x"), savepoint=False),
-        _submit(store, half_then_clash, savepoint=False),
-        _submit(store, _put("y"), savepoint=False),
-    ]
-    gate.set()
-    results = await asyncio.gather(*batch, return_exceptions=True)
-
-    assert all(isinstance(r, BackendUnavailable) for r in results)  # none of it applied, all retryable
+    await _a_batch_around(store, half_then_clash)
     assert await store.get("half") is None
-    assert await store.get("x") is None and await store.get("y") is None
-    await store.put("after", b"1")
-    assert (await store.get("after")) is not None
 
 
 async def test_a_transaction_applies_all_its_writes_or_none(store: SqliteStorage) -> None:
@@ -115,11 +122,8 @@ async def test_a_transaction_applies_all_its_writes_or_none(store: SqliteStorage
     assert res.applied and res.versions[2] is None
     assert [await store.get(k) is not None for k in ("new1", "new2", "old")] == [True, True, False]
 
-    def fail_deletes(conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TEMP TRIGGER no_deletes BEFORE DELETE ON main.kv BEGIN "
-                     "SELECT RAISE(ABORT, 'deletes refused'); END")
-
-    fail_deletes(store._writer._conn)
+    store._writer._conn.execute("CREATE TEMP TRIGGER no_deletes BEFORE DELETE ON main.kv BEGIN "
+                                "SELECT RAISE(ABORT, 'deletes refused'); END")
     with pytest.raises(BackendUnavailable):
         await store.transact((), [Put("new3", b"c"), Delete("new1")])
     store._writer._conn.execute("DROP TRIGGER no_deletes")
@@ -131,19 +135,7 @@ async def test_a_rolled_back_transaction_fails_the_whole_batch(store: SqliteStor
         conn.execute("ROLLBACK")  # as SQLite does on disk full or an I/O error
         raise sqlite3.OperationalError("disk I/O error")
 
-    gate = _hold_writer(store)
-    batch = [
-        _submit(store, _put("x"), savepoint=False),
-        _submit(store, lose_the_transaction, savepoint=False),
-        _submit(store, _put("y"), savepoint=False),
-    ]
-    gate.set()
-    results = await asyncio.gather(*batch, return_exceptions=True)
-
-    assert all(isinstance(r, BackendUnavailable) for r in results)
-    assert await store.get("x") is None and await store.get("y") is None
-    await store.put("after", b"1")  # the writer carries on with the next batch
-    assert (await store.get("after")) is not None
+    await _a_batch_around(store, lose_the_transaction)
 
 
 async def test_writes_wait_for_another_writer_without_blocking_the_loop(store: SqliteStorage) -> None:
