@@ -2,8 +2,7 @@
 
 Writes go to one writer thread that group-commits whatever is queued
 (`writer.Worker`): every queued write runs inside one BEGIN IMMEDIATE
-transaction (a write that needs more than one statement in a SAVEPOINT of
-its own), and one COMMIT (one fsync) acknowledges the whole batch. On a
+transaction (some writes in a SAVEPOINT of their own: writer.py), and one COMMIT (one fsync) acknowledges the whole batch. On a
 quiet store (`StoreLoad`) a write the writer is idle for commits on the
 caller's thread instead, the same way, without the two thread hand-offs
 (`Worker.commit_here`). The SQL each operation runs is in `statements`.
@@ -111,7 +110,9 @@ class SqliteStorage(Storage):
 
     async def _write_op(self, fn: Callable[[sqlite3.Connection, Callable[[], str]], Any],
                         savepoint: bool = False) -> Any:
-        """`savepoint`: `fn` may modify with more than one statement. On a
+        """`savepoint`: undo `fn` alone if it fails part-way (without one,
+        a failure after one of its statements changed rows fails the whole
+        batch: writer.py). On a
         quiet store a write the writer is idle for commits right here
         (writer.py, `commit_here`)."""
         if self._closed:

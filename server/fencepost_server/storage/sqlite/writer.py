@@ -1,9 +1,9 @@
 """The SQLite writer: one connection, one thread, group commit.
 
 Every write is queued to the writer thread; whatever is queued when it wakes
-is one batch: BEGIN IMMEDIATE, each write's statements (a write that needs
-more than one statement in a SAVEPOINT of its own), COMMIT, then one wake-up
-per event loop answers the whole batch.
+is one batch: BEGIN IMMEDIATE, each write's statements (some in a SAVEPOINT
+of their own), COMMIT, then one wake-up per event loop answers the whole
+batch.
 
 What it guarantees:
 - group commit: one transaction, one COMMIT, one fsync per batch (at most
@@ -14,10 +14,13 @@ What it guarantees:
   flight turns batches of ~3 into batches of ~15 and cut the server's CPU
   per put by ~30% in the measurements of docs/performance.md;
 - a write is acknowledged (its future resolved) only after its COMMIT returned;
-- one failing write never sinks its batch (its SAVEPOINT, or SQLite's own
-  statement rollback, undoes it); an error that rolls back the whole
-  transaction (disk full, I/O) fails every write of the batch, none of which
-  was applied;
+- a write that fails before it changed anything never sinks its batch
+  (SQLite undoes the failing statement by itself), nor does one in a
+  SAVEPOINT (undone to it); a write without one that fails after one of its
+  statements changed rows (`total_changes` moved: transactions write with
+  one statement per kind, no savepoint) fails every write of the batch, as
+  does an error that rolls back the whole transaction (disk full, I/O):
+  none of them applied, all answered BACKEND_UNAVAILABLE;
 - other processes sharing the file (`serve --workers N`) are serialised by
   SQLite's write lock, waited for in short steps (`_begin`);
 - any number of event loops may write through one writer at once (each is
@@ -170,9 +173,9 @@ class Worker:
         self._thread.start()
 
     def submit(self, op: Op, savepoint: bool = True) -> asyncio.Future[Any]:
-        """Queue `op`. `savepoint=False` for an op that modifies at most one
-        statement's worth (SQLite undoes a failed statement by itself), which
-        spares two statements per op in the batch."""
+        """Queue `op`. `savepoint=False` spares two statements per op: SQLite
+        undoes a failed statement by itself, and an op that fails after
+        another of its statements changed rows fails the whole batch."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._queue.put((op, loop, fut, savepoint))
