@@ -101,7 +101,7 @@ async def _a_batch_around(store: SqliteStorage, bad: Op) -> None:
 
 
 async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batch(store: SqliteStorage) -> None:
-    """Transactions run without a savepoint (one statement per kind of write):
+    """Transactions run without a savepoint (one upsert for all their puts):
     when a later statement fails, SQLite undoes that statement only, and the
     earlier one's rows must not be committed with the rest of the batch."""
     def half_then_clash(conn: sqlite3.Connection, version: Callable[[], str]) -> None:
@@ -114,7 +114,7 @@ async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batc
 
 
 async def test_a_transaction_applies_all_its_writes_or_none(store: SqliteStorage) -> None:
-    """A transaction's puts go in one statement and its deletes in another."""
+    """A transaction's puts go in one statement, its deletes after them: a failing delete undoes the puts."""
     from fencepost_server.storage import Delete, Put
 
     await store.put("old", b"1")

@@ -129,3 +129,22 @@ async def test_an_overwrite_whose_marker_cannot_be_stored_changes_nothing(tmp_pa
         assert item is not None and (item.value, item.version) == (b"v1", first)
     finally:
         await storage.close()
+
+
+async def test_deletes_of_one_transaction_apply_in_their_order(tmp_path: Path) -> None:
+    """Deleting an item that keeps a marker moves the marker out to its own
+    row (trigger); a later delete of that marker's key in the same
+    transaction removes it, as two transactions in a row would."""
+    from fencepost_server.storage import Delete
+
+    store = SqliteStorage(tmp_path / "d.db", synchronous="NORMAL")
+    try:
+        store._writer._conn.execute(
+            "INSERT INTO kv (key, value, version, marker_key, marker_value) VALUES (?, x'01', 'v1', ?, x'aa')",
+            (b"item", b"#/req/1/t/r"))
+        res = await store.transact((), [Delete("item"), Delete("#/req/1/t/r")])
+        assert res.applied
+        assert await store.get("item") is None
+        assert await store.get("#/req/1/t/r") is None
+    finally:
+        await store.close()

@@ -18,7 +18,7 @@ What it guarantees:
   (SQLite undoes the failing statement by itself), nor does one in a
   SAVEPOINT (undone to it); a write without one that fails after one of its
   statements changed rows (`total_changes` moved: transactions write with
-  one statement per kind, no savepoint) fails every write of the batch, as
+  one upsert for all their puts, no savepoint) fails every write of the batch, as
   does an error that rolls back the whole transaction (disk full, I/O):
   none of them applied, all answered BACKEND_UNAVAILABLE;
 - other processes sharing the file (`serve --workers N`) are serialised by
@@ -333,7 +333,10 @@ class Worker:
                         raise sqlite3.OperationalError(f"transaction rolled back: {outcome[1]}")
                     if conn.total_changes != changed:
                         # SQLite undid the failing statement only, and an earlier one of
-                        # this op changed rows: the batch must not commit half an op
+                        # this op changed rows: the batch must not commit half an op.
+                        # (Rows a trigger changed count even when SQLite then undid the
+                        # statement it ran in: then this fails a batch that could have
+                        # committed; nothing applied either way.)
                         raise sqlite3.OperationalError(f"a write failed part-way: {outcome[1]}")
                 outcomes.append(outcome)
             conn.execute("COMMIT")
