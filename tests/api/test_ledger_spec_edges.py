@@ -5,6 +5,7 @@ paging and caps."""
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -780,3 +781,32 @@ async def test_racing_acquires_grant_one_and_the_rest_are_told_who_holds_it(clie
     refused = [o for o in out if isinstance(o, errors.FencepostError)]
     assert all(isinstance(r, errors.LeaseHeld) and r.metadata["holder"] == granted[0].holder_id for r in refused)
     assert (await client.get_session(sid)).lease.generation == 1
+
+
+async def test_every_lease_ttl_takes_zero_as_the_default_and_refuses_past_an_hour(
+    client: fencepost.AsyncClient,
+) -> None:
+    """AcquireLease, RenewLease, Deliver's try_lease and ClaimOrphan read a
+    ttl alike: unset or zero is 30 s, 3600 s is served, a microsecond past
+    it or a negative one is FIELD_INVALID naming `ttl`, and nothing changes."""
+    sid = (await client.open_session("agent", "ttl-bounds")).session_id
+    zero = await client.acquire_lease(sid, "A", ttl=0)
+    assert zero.expires_at == pytest.approx(time.time() + 30, abs=5)
+    gen = zero.generation
+    hour = await client.renew_lease(sid, gen, ttl=3600)
+    assert hour.expires_at == pytest.approx(time.time() + 3600, abs=5)
+    other = (await client.open_session("agent", "ttl-deliver")).session_id
+    refusals = {
+        "acquire": lambda ttl: client.acquire_lease(sid, "A", ttl=ttl, generation=gen),
+        "renew": lambda ttl: client.renew_lease(sid, gen, ttl=ttl),
+        "deliver": lambda ttl: client.deliver(b"e", session_id=other, try_lease="W", ttl=ttl),
+        "claim": lambda ttl: client.claim_orphan("W", ttl=ttl),
+    }
+    for name, call in refusals.items():
+        for ttl in (3600.000001, -1.0):
+            with pytest.raises(errors.FencepostError) as refused:
+                await call(ttl)
+            assert (refused.value.code, refused.value.reason) == ("INVALID_ARGUMENT", "FIELD_INVALID"), name
+            assert list(refused.value.field_violations) == ["ttl"], name
+    assert (await client.get_session(sid)).lease.expires_at == pytest.approx(hour.expires_at, abs=0.001)
+    assert (await client.get_session(other)).pending == 0

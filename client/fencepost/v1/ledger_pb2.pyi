@@ -525,8 +525,8 @@ class AcquireLeaseRequest(_message.Message):
     """The caller's current generation, to renew through AcquireLease (0 = none)."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """How long the lease lasts unless renewed (unset = 30 s; negative is
-        refused with FIELD_INVALID).
+        """How long the lease lasts unless renewed (unset or zero = 30 s; negative
+        or over 3600 s is refused with FIELD_INVALID).
         """
 
     def __init__(
@@ -617,7 +617,9 @@ class RenewLeaseRequest(_message.Message):
     """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The new time to live from now (unset = 30 s; negative is refused)."""
+        """The new time to live from now (unset or zero = 30 s; negative or over
+        3600 s is refused with FIELD_INVALID).
+        """
 
     def __init__(
         self,
@@ -945,8 +947,8 @@ class DeliverRequest(_message.Message):
     """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The lease ttl for try_lease (unset = 30 s; negative is refused before
-        anything is parked).
+        """The lease ttl for try_lease (unset or zero = 30 s; negative or over
+        3600 s is refused with FIELD_INVALID before anything is parked).
         """
 
     def __init__(
@@ -1134,12 +1136,14 @@ class ClaimOrphanRequest(_message.Message):
     """Only sessions of this agent ("" = any agent of the tenant)."""
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
-        """The lease ttl (unset = 30 s; negative is refused)."""
+        """The lease ttl (unset or zero = 30 s; negative or over 3600 s is refused
+        with FIELD_INVALID).
+        """
 
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
-        """How long to wait for an orphan (unset = return at once; at most 60 s;
-        negative is refused with FIELD_INVALID).
+        """How long to wait for an orphan (unset = return at once; a longer wait
+        than 60 s waits 60 s; negative is refused with FIELD_INVALID).
         """
 
     def __init__(

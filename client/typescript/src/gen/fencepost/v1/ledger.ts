@@ -211,8 +211,8 @@ export interface AcquireLeaseRequest {
    */
   holderId: string;
   /**
-   * How long the lease lasts unless renewed (unset = 30 s; negative is
-   * refused with FIELD_INVALID).
+   * How long the lease lasts unless renewed (unset or zero = 30 s; negative
+   * or over 3600 s is refused with FIELD_INVALID).
    */
   ttl:
     | Duration
@@ -248,7 +248,10 @@ export interface RenewLeaseRequest {
   sessionId: string;
   /** The generation the caller holds. */
   generation: string;
-  /** The new time to live from now (unset = 30 s; negative is refused). */
+  /**
+   * The new time to live from now (unset or zero = 30 s; negative or over
+   * 3600 s is refused with FIELD_INVALID).
+   */
   ttl:
     | Duration
     | undefined;
@@ -381,8 +384,8 @@ export interface DeliverRequest {
    */
   tryLease: string;
   /**
-   * The lease ttl for try_lease (unset = 30 s; negative is refused before
-   * anything is parked).
+   * The lease ttl for try_lease (unset or zero = 30 s; negative or over
+   * 3600 s is refused with FIELD_INVALID before anything is parked).
    */
   ttl: Duration | undefined;
 }
@@ -437,13 +440,16 @@ export interface WatchInboxResponse {
 export interface ClaimOrphanRequest {
   /** Who takes it (required, at most 1024 characters, else FIELD_INVALID). */
   holderId: string;
-  /** The lease ttl (unset = 30 s; negative is refused). */
+  /**
+   * The lease ttl (unset or zero = 30 s; negative or over 3600 s is refused
+   * with FIELD_INVALID).
+   */
   ttl:
     | Duration
     | undefined;
   /**
-   * How long to wait for an orphan (unset = return at once; at most 60 s;
-   * negative is refused with FIELD_INVALID).
+   * How long to wait for an orphan (unset = return at once; a longer wait
+   * than 60 s waits 60 s; negative is refused with FIELD_INVALID).
    */
   wait:
     | Duration
