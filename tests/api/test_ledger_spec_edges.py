@@ -243,7 +243,9 @@ async def test_release_refuses_while_pending_and_force_hands_it_on(client: fence
 
 async def test_acquire_renew_and_generation_rules(client: fencepost.AsyncClient) -> None:
     sid = (await client.open_session("agent", "gen")).session_id
-    assert (await client.get_session(sid)).lease.generation == 0
+    never = (await client.get_session(sid)).lease
+    # never leased: free, but nobody released it
+    assert (never.holder_id, never.generation, never.live, never.released) == ("", 0, False, False)
     g1 = await client.acquire_lease(sid, "A", ttl=30)
     assert g1.generation == 1
     renewed = await client.acquire_lease(sid, "A", ttl=60, generation=1)

@@ -43,7 +43,9 @@ class Lease(_message.Message):
     live: _builtins.bool
     """True while a holder has it (granted, not released, not expired)."""
     released: _builtins.bool
-    """True when the last holder released it."""
+    """True when the last holder released it (false while live, after an
+    expiry, and for a session never leased: generation 0).
+    """
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the lease expires by the server's clock."""

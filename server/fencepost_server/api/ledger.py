@@ -26,7 +26,8 @@ def _lease(st: LeaseState | None, now: float) -> pb.Lease | None:
         return None
     return pb.Lease(
         holder_id=st.holder, generation=st.generation, expires_at=_ts(st.expires),
-        live=st.live(now), released=st.released,
+        # never leased (generation 0) is free but was not released by anyone
+        live=st.live(now), released=st.released and st.generation > 0,
     )
 
 

@@ -39,7 +39,10 @@ export interface Lease {
     | undefined;
   /** True while a holder has it (granted, not released, not expired). */
   live: boolean;
-  /** True when the last holder released it. */
+  /**
+   * True when the last holder released it (false while live, after an
+   * expiry, and for a session never leased: generation 0).
+   */
   released: boolean;
 }
 
