@@ -152,7 +152,7 @@ async def test_a_record_nested_too_deep_to_parse_does_not_break_the_schedule(sto
 async def test_after_seconds_past_year_9999_is_refused(storage: Storage) -> None:
     async with running(storage) as srv, srv.client(timeout=10) as c:
         sid, gen = await _held(c, "far")
-        with pytest.raises(errors.ReminderInvalid) as err:
+        with pytest.raises(errors.ReminderInvalid):
             await c.create_reminder(sid, gen, "never", after_seconds=2**53 - 1)
         assert (await c.get_session(sid)).seq == 0  # nothing written
 

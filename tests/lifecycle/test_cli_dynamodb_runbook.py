@@ -10,26 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from fencepost_server.storage import Item, open_backend
 from tests.dynamo_support import backend_url, unique_table
-from tests.lifecycle.cli_support import fill
+from tests.lifecycle.cli_support import exported, fill
 
 from .test_restore_services import cli
-
-
-async def _items(url: str) -> list[Item]:
-    storage = open_backend(url)
-    try:
-        return [i async for page in storage.export_items() for i in page]
-    finally:
-        await storage.close()
 
 
 @pytest.mark.backend("dynamodb")
 def test_create_table_then_restore_migrate_and_back_up(tmp_path: Path) -> None:
     source = f"sqlite://{tmp_path / 'a.db'}"
     fill(source, 50)
-    expected = asyncio.run(_items(source))
+    expected = asyncio.run(exported(source))
     archive = tmp_path / "a.arch"
     assert cli("backup", "--backend", source, "--out", str(archive)).returncode == 0
 
@@ -37,7 +28,7 @@ def test_create_table_then_restore_migrate_and_back_up(tmp_path: Path) -> None:
     done = cli("restore", "--backend", restored, "--in", str(archive), "--create-table")
     assert done.returncode == 0, done.stderr
     assert "a snapshot archive of a sqlite store, made " in done.stdout and "identical" in done.stdout
-    assert asyncio.run(_items(restored)) == expected
+    assert asyncio.run(exported(restored)) == expected
 
     migrated = backend_url(unique_table())
     argv = ["migrate", "--from", source, "--to", migrated, "--work-dir", str(tmp_path / "work"), "--create-table"]
@@ -46,7 +37,7 @@ def test_create_table_then_restore_migrate_and_back_up(tmp_path: Path) -> None:
     assert "copied 50 items" in done.stdout and "identical" in done.stdout
     done = cli(*argv)  # the table exists now: creating it again is a no-op, and the run only verifies
     assert done.returncode == 0 and "already copied (50 items)" in done.stdout, done.stderr
-    assert asyncio.run(_items(migrated)) == expected
+    assert asyncio.run(exported(migrated)) == expected
 
     out = tmp_path / "table.arch.gz"
     done = cli("backup", "--backend", migrated, "--out", str(out))
@@ -56,4 +47,4 @@ def test_create_table_then_restore_migrate_and_back_up(tmp_path: Path) -> None:
     done = cli("restore", "--backend", back, "--in", str(out))
     assert done.returncode == 0, done.stderr
     assert "a logical archive of a dynamodb store" in done.stdout and "warning" not in done.stderr
-    assert asyncio.run(_items(back)) == expected
+    assert asyncio.run(exported(back)) == expected

@@ -24,7 +24,7 @@ from tests.dynamo_support import TEST_PARTITION_CACHE, moto_endpoint, REGION
 from tests.raw_store import raw_items
 
 from .test_erase_scopes import agent_needles, naming, outside, write_everything
-from .test_restore_services import cli, dynamo_url, move
+from .test_restore_services import MOVES, cli, dynamo_url, move
 
 TENANT = "default"  # unauthenticated local use
 #: as test_erase_scopes' server: small journals, so a few appends rotate into archives
@@ -91,14 +91,7 @@ async def test_an_erasure_cut_short_is_finished_on_the_new_store(tmp_path: Path,
         await source.close()
     name = await _crash_an_erasure(source_url, steps)
 
-    if route.startswith("migrate"):
-        target_url = await dynamo_url() if route == "migrate" else f"sqlite://{tmp_path / 'target.db'}"
-        done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(tmp_path / "work"))
-    else:
-        target_url = f"sqlite://{tmp_path / 'target.db'}"
-        assert cli("backup", "--backend", source_url, "--out", str(tmp_path / "x.arch")).returncode == 0
-        done = cli("restore", "--backend", target_url, "--in", str(tmp_path / "x.arch"))
-    assert done.returncode == 0, done.stderr
+    target_url = await move(route, source_url, tmp_path)
 
     needles = agent_needles("doomed-agent", doomed)
     target = _open(target_url)
@@ -166,10 +159,7 @@ async def test_a_stale_erasure_marker_from_a_mixed_read_does_not_refuse_sessions
         await target.close()
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
-    pytest.param("restore", id="restore-sqlite-sqlite"),
-])
+@pytest.mark.parametrize("route", MOVES)
 async def test_a_delete_session_cut_short_is_swept_on_the_new_store(tmp_path: Path, route: str) -> None:
     """DeleteSession's tombstone landed, its sweep did not (the call was cut
     short); the store moved. The janitor on the new store finishes the sweep:

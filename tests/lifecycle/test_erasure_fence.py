@@ -331,7 +331,7 @@ async def test_a_sweep_round_sent_late_deletes_no_key_written_again_after_done(s
     stalled = Eraser(late, Ledger(late, clock=clock), clock=clock, claim_seconds=0.3)
     key = TenantKeys(T).agent("doomed") + "notes/n1"
     await storage.put(key, b"old")
-    op = await stalled.start(T, "doomed", "")
+    await stalled.start(T, "doomed", "")
     real_step = Eraser._step
 
     async def late_in_the_sweep(state, *held):  # type: ignore[no-untyped-def]
@@ -447,7 +447,7 @@ async def test_a_stall_the_monotonic_clock_did_not_count_still_ends_the_claim(st
     stalled = Eraser(stalled_storage, Ledger(stalled_storage, clock=clock), clock=clock, claim_seconds=30)
     for i in range(3):
         await ledger.open(T, "doomed", f"old{i}")
-    op = await stalled.start(T, "doomed", "")
+    await stalled.start(T, "doomed", "")
     real_step = Eraser._step
 
     async def stall_in_the_fence(state, *held):  # type: ignore[no-untyped-def]

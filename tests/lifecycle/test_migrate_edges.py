@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 import fencepost
-from fencepost_server.storage import Item, open_backend
+from fencepost_server.storage import open_backend
 from tests.conftest import running
+from tests.lifecycle.cli_support import exported
 
 from .service_state import SERVER_SETTINGS
 from .test_restore_services import cli, dynamo_url
@@ -79,14 +80,6 @@ async def serve_and_read(url: str, w: dict[str, Any]) -> dict[str, Any]:
         await storage.close()
 
 
-async def items(url: str) -> list[Item]:
-    storage = open_backend(url)
-    try:
-        return [i async for page in storage.export_items() for i in page]
-    finally:
-        await storage.close()
-
-
 @pytest.mark.backend("dynamodb")
 async def test_edge_items_survive_sqlite_to_dynamodb_and_back(tmp_path: Path) -> None:
     first = f"sqlite://{tmp_path / 'first.db'}"
@@ -105,12 +98,12 @@ async def test_edge_items_survive_sqlite_to_dynamodb_and_back(tmp_path: Path) ->
         assert "identical" in done.stdout
         assert (tmp_path / work).stat().st_mode & 0o777 == 0o700  # its snapshot holds every item
         assert await serve_and_read(target, w) == before, target
-    assert await items(last) == await items(first)
+    assert await exported(last) == await exported(first)
 
     storage = open_backend(table)
     try:
         async with running(storage, **SERVER_SETTINGS) as srv, srv.client(timeout=60) as c:
-            for key, version in w["versions"].items():
+            for key, version in w["versions"].exported():
                 assert (await c.put_if_version(key, b"after", version)).applied, key
     finally:
         await storage.close()

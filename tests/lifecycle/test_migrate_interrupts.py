@@ -19,6 +19,7 @@ from fencepost_server.storage import Item, open_backend
 from fencepost_server.storage.dynamodb import DynamoStorage
 from fencepost_server.storage.sqlite import SqliteStorage
 from tests.conftest import running
+from tests.lifecycle.cli_support import exported
 
 from .test_restore_services import dynamo_url
 
@@ -42,15 +43,7 @@ async def _fill(url: str) -> list[Item]:
                 await storage.put(f"t{i % 5}/sys/x/{i:03d}", b"raw")
     finally:
         await storage.close()
-    return await _items(url)
-
-
-async def _items(url: str) -> list[Item]:
-    storage = open_backend(url)
-    try:
-        return [i async for page in storage.export_items() for i in page]
-    finally:
-        await storage.close()
+    return await exported(url)
 
 
 def ctrl_c() -> None:
@@ -117,7 +110,7 @@ def test_interrupted_again_and_again_then_exact(
     argv = ["migrate", "--from", source, "--to", target, "--work-dir", str(tmp_path / "work"), "--page", "9"]
     runs = _run_until_done(argv, interrupt, monkeypatch)
     assert runs > 3
-    assert asyncio.run(_items(target)) == expected
+    assert asyncio.run(exported(target)) == expected
     assert main(argv) == Exit.OK  # once more: it only verifies again
 
 
@@ -156,4 +149,4 @@ async def test_a_source_that_fails_mid_copy_exits_1_and_the_rerun_resumes(
     monkeypatch.setattr(cls, "export_items", real)
     report = await migrate(source, target, work_dir=tmp_path / "work", page=9)
     assert report.verification.same and report.resumed_after >= 9
-    assert await _items(target) == expected
+    assert await exported(target) == expected

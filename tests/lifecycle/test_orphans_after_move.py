@@ -14,15 +14,12 @@ import fencepost
 from fencepost_server.storage import open_backend
 from tests.conftest import running
 
-from .test_restore_services import move
+from .test_restore_services import MOVES, move
 
 SETTINGS = {"ledger_janitor_seconds": 0.2, "ledger_orphan_grace_seconds": 0.5}
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
-    pytest.param("restore", id="restore-sqlite-sqlite"),
-])
+@pytest.mark.parametrize("route", MOVES)
 async def test_an_orphaned_session_is_claimable_after_the_move(tmp_path: Path, route: str) -> None:
     source_url = f"sqlite://{tmp_path / 'source.db'}"
     source = open_backend(source_url)
@@ -55,10 +52,7 @@ async def test_an_orphaned_session_is_claimable_after_the_move(tmp_path: Path, r
         await target.close()
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
-    pytest.param("restore", id="restore-sqlite-sqlite"),
-])
+@pytest.mark.parametrize("route", MOVES)
 async def test_due_and_dispatched_reminders_stay_so_after_the_move(tmp_path: Path, route: str) -> None:
     """A reminder dispatched before the move is not due again after it (a
     repeated dispatch writes nothing); one due and not dispatched is still due

@@ -36,12 +36,19 @@ async def dynamo_url() -> str:
     return backend_url(storage.table)
 
 
+#: the routes `move` takes, SQLite to DynamoDB and SQLite to SQLite
+MOVES = [
+    pytest.param("migrate", id="migrate-sqlite-dynamodb", marks=pytest.mark.backend("dynamodb")),
+    pytest.param("restore", id="restore-sqlite-sqlite"),
+]
+
+
 async def move(route: str, source_url: str, work: Path) -> str:
     """Move the store at `source_url` by `route` ("migrate": into a new
-    DynamoDB table; else a backup restored into a new SQLite file), as
-    processes; the target's URL."""
-    if route == "migrate":
-        target_url = await dynamo_url()
+    DynamoDB table; "migrate back": into a new SQLite file; else a backup
+    restored into a new SQLite file), as processes; the target's URL."""
+    if route.startswith("migrate"):
+        target_url = await dynamo_url() if route == "migrate" else f"sqlite://{work / 'target.db'}"
         done = cli("migrate", "--from", source_url, "--to", target_url, "--work-dir", str(work / "work"))
     else:
         target_url = f"sqlite://{work / 'target.db'}"

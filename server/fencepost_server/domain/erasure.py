@@ -53,7 +53,7 @@ from fencepost import reasons
 
 from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
 from .erasure_steps import EraseSteps
-from .errors import InvalidArgument, NotFound
+from .errors import NotFound
 from .keys import GLOBAL_PREFIX, check_erasable_agent
 from .ledger import Ledger
 from .ledger.core import contended

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ..storage import Check, Delete, Expect, Item, Put, Storage, Write
+from ..storage import Delete, Expect, Item, Put, Storage, Write
 from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
 from .keys import TenantKeys, tenant_keys

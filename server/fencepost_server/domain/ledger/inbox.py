@@ -13,7 +13,7 @@ from fencepost import reasons
 from ...storage import Check, Item, Put, StorageError, Write
 from ..errors import NotFound, limit_error
 from ..paging import ENTRY_OVERHEAD, fits, page_size
-from .core import ABSENT, PRESENT, LedgerBase, bad, check_holder, contended
+from .core import ABSENT, PRESENT, bad, check_holder, contended
 from .layout import (
     LeaseState,
     SessionKeys,

@@ -43,7 +43,7 @@ from ..limits import Limits
 from ..requests import check_request_id
 from ..paging import ENTRY_OVERHEAD, PageTokens, fits, page_size
 from . import ranking, rules
-from .fold import ENTRY, FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
+from .fold import FORGET, PIN, TRUST, UNPIN, Fold, decode_record, encode_record, entry_record
 from .rules import Entry, Injection, Topic
 
 log = logging.getLogger("fencepost.memory")
