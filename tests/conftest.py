@@ -6,15 +6,18 @@ test that takes the `storage` / `client` fixtures runs once per backend.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fencepost
+import fencepost.errors
 from fencepost_server.app import App
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
@@ -99,6 +102,30 @@ async def running(storage: Storage, **settings: object) -> AsyncIterator[Running
         yield RunningServer(app)
     finally:
         await app.stop(grace=0.5)
+
+
+class Drained:
+    """A watch stream (WatchInbox, WatchDue) drained in a task: `pick` of
+    each thing it yields in `seen`, and in `ended` the error that ended it."""
+
+    def __init__(self, stream: AsyncIterator[Any], pick: Callable[[Any], Any] = lambda x: x) -> None:
+        self.seen: list[Any] = []
+        self.ended: list[fencepost.errors.FencepostError] = []
+        self.task = asyncio.create_task(self._drain(stream, pick))
+
+    async def _drain(self, stream: AsyncIterator[Any], pick: Callable[[Any], Any]) -> None:
+        try:
+            async for item in stream:
+                self.seen.append(pick(item))
+        except fencepost.errors.FencepostError as exc:
+            self.ended.append(exc)
+
+    async def until_seen(self, n: int = 1) -> None:
+        while len(self.seen) < n:
+            await asyncio.sleep(0.01)
+
+    async def end(self, timeout: float = 10) -> None:
+        await asyncio.wait_for(self.task, timeout)
 
 
 @pytest.fixture

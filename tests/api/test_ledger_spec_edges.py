@@ -16,7 +16,7 @@ from fencepost import errors
 from fencepost.v1 import ledger_pb2
 from fencepost_server.storage import Storage
 from fencepost_server.storage.sqlite import SqliteStorage
-from tests.conftest import running
+from tests.conftest import Drained, running
 
 
 async def _held(c: fencepost.AsyncClient, key: str, holder: str = "A", ttl: float = 60) -> tuple[str, int]:
@@ -155,28 +155,16 @@ async def test_an_open_watch_ends_with_lease_fenced_after_a_takeover(storage: St
     async with running(storage, ledger_watch_poll_seconds=0.05) as srv, srv.client(timeout=10) as c:
         sid, gen = await _held(c, "watch-fenced", ttl=0.3)
         await c.deliver(b"backlog", session_id=sid)
-        seen: list[bytes] = []
-        ended: list[errors.FencepostError] = []
-
-        async def watch() -> None:
-            try:
-                async for e in c.watch_inbox(sid, gen):
-                    seen.append(e.payload)
-            except errors.FencepostError as exc:
-                ended.append(exc)
-
-        task = asyncio.create_task(watch())
-        while not seen:
-            await asyncio.sleep(0.01)
+        watch = Drained(c.watch_inbox(sid, gen), lambda e: e.payload)
+        await watch.until_seen(1)
         await c.deliver(b"live", session_id=sid)
-        while len(seen) < 2:
-            await asyncio.sleep(0.01)
+        await watch.until_seen(2)
         await asyncio.sleep(0.35)  # the lease expires: the takeover is an acquire, no release
         new = (await c.acquire_lease(sid, "B", ttl=30)).generation
-        await asyncio.wait_for(task, 10)
-        assert seen == [b"backlog", b"live"]
-        assert len(ended) == 1 and isinstance(ended[0], errors.LeaseFenced)
-        assert ended[0].metadata.get("current_generation") == str(new)
+        await watch.end()
+        assert watch.seen == [b"backlog", b"live"]
+        assert len(watch.ended) == 1 and isinstance(watch.ended[0], errors.LeaseFenced)
+        assert watch.ended[0].metadata.get("current_generation") == str(new)
 
 
 async def test_read_log_of_forks_and_its_bounds(client: fencepost.AsyncClient) -> None:
@@ -599,25 +587,15 @@ async def test_a_watch_sees_another_replicas_deliveries_and_takeover(tmp_path: P
     async with running(s1, **settings) as a, running(s2, **settings) as b, \
             a.client(timeout=10) as ca, b.client(timeout=10) as cb:
         sid, gen = await _held(ca, "replicas")
-        seen: list[bytes] = []
-        ended: list[BaseException] = []
-
-        async def watch() -> None:
-            try:
-                async for e in ca.watch_inbox(sid, gen):
-                    seen.append(e.payload)
-            except errors.LeaseFenced as exc:
-                ended.append(exc)
-
-        task = asyncio.create_task(watch())
+        watch = Drained(ca.watch_inbox(sid, gen), lambda e: e.payload)
         await cb.deliver(b"elsewhere", session_id=sid)
-        while not seen:
-            await asyncio.sleep(0.01)
+        await watch.until_seen(1)
         await cb.release_lease(sid, gen, force=True)
         new = (await cb.acquire_lease(sid, "B", ttl=30)).generation
-        await asyncio.wait_for(task, 10)
-        assert seen == [b"elsewhere"] and len(ended) == 1
-        assert ended[0].metadata["current_generation"] == str(new)  # type: ignore[attr-defined]
+        await watch.end()
+        assert watch.seen == [b"elsewhere"] and len(watch.ended) == 1
+        assert isinstance(watch.ended[0], errors.LeaseFenced)
+        assert watch.ended[0].metadata["current_generation"] == str(new)
 
 
 async def test_a_new_sessions_last_activity_is_its_creation(client: fencepost.AsyncClient) -> None:

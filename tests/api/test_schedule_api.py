@@ -12,7 +12,7 @@ import fencepost
 from fencepost import errors
 from fencepost_server.storage import Storage
 from fencepost_server.storage.sqlite import SqliteStorage
-from tests.conftest import running
+from tests.conftest import Drained, running
 from tests.faults import FaultyStorage
 
 
@@ -172,17 +172,8 @@ async def test_watch_due_follows_the_clock_and_ends_on_takeover(storage: Storage
             srv.client(timeout=10) as c:
         sid, gen = await _held(c, "watch")
         await c.create_reminder(sid, gen, "soon", after_seconds=30)
-        seen: list[fencepost.Reminder] = []
-        ended: list[BaseException] = []
-
-        async def watch() -> None:
-            try:
-                async for r in c.watch_due(sid, gen):
-                    seen.append(r)
-            except errors.LeaseFenced as exc:
-                ended.append(exc)
-
-        task = asyncio.create_task(watch())
+        watch = Drained(c.watch_due(sid, gen))
+        seen = watch.seen
         await clock.read_more(5)
         clock.now -= 3600  # moved back: still not due
         await clock.read_more(5)
@@ -195,8 +186,8 @@ async def test_watch_due_follows_the_clock_and_ends_on_takeover(storage: Storage
         await clock.read_more(5)
         assert len(seen) == 1
         await _take_over(c, sid, gen)
-        await asyncio.wait_for(task, 10)
-        assert len(ended) == 1 and len(seen) == 1
+        await watch.end()
+        assert len(watch.ended) == 1 and isinstance(watch.ended[0], errors.LeaseFenced) and len(seen) == 1
 
 
 async def test_watch_due_with_the_real_clock(storage: Storage) -> None:

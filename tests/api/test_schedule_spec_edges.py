@@ -12,7 +12,7 @@ from fencepost import errors
 from fencepost_server.storage import Storage
 from fencepost_server.storage.sqlite import SqliteStorage
 from tests.api.test_schedule_api import FakeClock, _held, _take_over
-from tests.conftest import running
+from tests.conftest import Drained, running
 
 
 async def test_reminders_list_in_id_order_and_due_by_the_clock(storage: Storage) -> None:
@@ -182,24 +182,14 @@ async def test_watch_due_sees_another_replicas_reminders_and_takeover(tmp_path: 
     async with running(s1, **settings) as a, running(s2, **settings) as b, \
             a.client(timeout=10) as ca, b.client(timeout=10) as cb:
         sid, gen = await _held(ca, "replicas")
-        seen: list[str] = []
-        ended: list[BaseException] = []
-
-        async def watch() -> None:
-            try:
-                async for r in ca.watch_due(sid, gen):
-                    seen.append(r.id)
-            except errors.LeaseFenced as exc:
-                ended.append(exc)
-
-        task = asyncio.create_task(watch())
+        watch = Drained(ca.watch_due(sid, gen), lambda r: r.id)
         made = await cb.create_reminder(sid, gen, "elsewhere", after_seconds=10)
         clock.now += 10
-        while not seen:
-            await asyncio.sleep(0.01)
+        await watch.until_seen(1)
         await _take_over(cb, sid, gen)
-        await asyncio.wait_for(task, 10)
-        assert seen == [made.id] and len(ended) == 1
+        await watch.end()
+        assert watch.seen == [made.id] and len(watch.ended) == 1
+        assert isinstance(watch.ended[0], errors.LeaseFenced)
 
 
 async def test_id_shapes_and_rules_are_refused_before_storage_is_touched(storage: Storage) -> None:

@@ -20,6 +20,7 @@ from fencepost_server.domain.ledger import commits as ledger_commits
 from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
 from tests.api.security_support import write_tokens
+from tests.conftest import Drained
 from tests.raw_store import data_only, raw_items, raw_keys_naming
 
 LONG_TENANT = "tenant-" + "é" * 200  # encoded past 256 bytes: keys hold its sha256
@@ -196,16 +197,17 @@ async def test_a_watch_open_across_the_delete_ends(storage: Storage, app: App) -
     async with connect(app, "svc-a") as c:
         sid = (await c.open_session("agent", "watched")).session_id
         lease = await c.acquire_lease(sid, "h", ttl=600)
+        await _ends_when_deleted(c, sid, c.watch_inbox(sid, lease.generation, timeout=20))
 
-        async def watch() -> None:
-            async for _ in c.watch_inbox(sid, lease.generation, timeout=20):
-                pass
 
-        task = asyncio.create_task(watch())
-        await asyncio.sleep(0.5)
-        await c.delete_session(sid)
-        with pytest.raises((errors.SessionNotFound, errors.LeaseFenced)):
-            await asyncio.wait_for(task, 10)
+async def _ends_when_deleted(c: fencepost.AsyncClient, sid: str, stream: AsyncIterator[object]) -> None:
+    """`stream`, open on `sid`, ends with SESSION_NOT_FOUND or LEASE_FENCED once the session is deleted."""
+    watch = Drained(stream)
+    await asyncio.sleep(0.5)
+    await c.delete_session(sid)
+    await watch.end()
+    assert len(watch.ended) == 1, "the stream ended without an error"
+    assert isinstance(watch.ended[0], (errors.SessionNotFound, errors.LeaseFenced)), watch.ended
 
 
 async def test_a_long_agent_name_is_erased_everywhere(storage: Storage, app: App) -> None:
@@ -440,16 +442,7 @@ async def test_a_due_watch_open_across_the_delete_ends(storage: Storage, app: Ap
         sid = (await c.open_session("agent", "due-watched")).session_id
         lease = await c.acquire_lease(sid, "h", ttl=600)
         await c.create_reminder(sid, lease.generation, "later", after_seconds=3600)
-
-        async def watch() -> None:
-            async for _ in c.watch_due(sid, lease.generation, timeout=20):
-                pass
-
-        task = asyncio.create_task(watch())
-        await asyncio.sleep(0.5)
-        await c.delete_session(sid)
-        with pytest.raises((errors.SessionNotFound, errors.LeaseFenced)):
-            await asyncio.wait_for(task, 10)
+        await _ends_when_deleted(c, sid, c.watch_due(sid, lease.generation, timeout=20))
 
 
 async def test_deliver_by_key_racing_a_forced_delete(storage: Storage, app: App) -> None:

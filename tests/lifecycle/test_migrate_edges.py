@@ -103,7 +103,7 @@ async def test_edge_items_survive_sqlite_to_dynamodb_and_back(tmp_path: Path) ->
     storage = open_backend(table)
     try:
         async with running(storage, **SERVER_SETTINGS) as srv, srv.client(timeout=60) as c:
-            for key, version in w["versions"].exported():
+            for key, version in w["versions"].items():
                 assert (await c.put_if_version(key, b"after", version)).applied, key
     finally:
         await storage.close()
