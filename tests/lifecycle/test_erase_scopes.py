@@ -5,9 +5,11 @@ and everything outside the scope untouched byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,16 +31,27 @@ TOKENS = {
 TURN = {"at": "2026-11-29T00:00:00Z", "sessionId": "s", "channelId": "c", "status": "completed"}
 
 
+@contextlib.asynccontextmanager
+async def erasure_app(
+    tmp_path: Path, storage: Storage, tokens: dict[str, tuple[str, str]], **settings: Any
+) -> AsyncIterator[App]:
+    """A server for erasure tests: small journals kept unflushed (so erasure
+    meets buffered turns), the erasure loop polling fast, `tokens` as callers."""
+    app = App(Settings(
+        listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json", tokens),
+        max_journal_bytes=1500, journal_flush_seconds=3600, erasure_poll_seconds=0.2, **settings,
+    ), storage=storage)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop(grace=0.2)
+
+
 @pytest.fixture
 async def app(tmp_path: Path, storage: Storage) -> AsyncIterator[App]:
-    settings = Settings(
-        listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json", TOKENS),
-        max_journal_bytes=1500, journal_flush_seconds=3600, erasure_poll_seconds=0.2,
-    )
-    app = App(settings, storage=storage)
-    await app.start()
-    yield app
-    await app.stop(grace=0.2)
+    async with erasure_app(tmp_path, storage, TOKENS) as started:
+        yield started
 
 
 def connect(app: App, token: str) -> fencepost.AsyncClient:

@@ -17,10 +17,9 @@ from fencepost.keys import author_kv, encode_segment
 from fencepost_server.app import App
 from fencepost_server.domain.ledger import activity
 from fencepost_server.domain.ledger import commits as ledger_commits
-from fencepost_server.config import Settings
 from fencepost_server.storage import Storage
-from tests.api.security_support import write_tokens
 from tests.conftest import Drained
+from tests.lifecycle.test_erase_scopes import erasure_app
 from tests.raw_store import data_only, raw_items, raw_keys_naming
 
 LONG_TENANT = "tenant-" + "é" * 200  # encoded past 256 bytes: keys hold its sha256
@@ -36,15 +35,9 @@ TURN = {"at": "2026-11-29T00:00:00Z", "sessionId": "s", "channelId": "c", "statu
 
 @pytest.fixture
 async def app(tmp_path: Path, storage: Storage) -> AsyncIterator[App]:
-    settings = Settings(
-        listen="127.0.0.1:0", tokens_file=write_tokens(tmp_path / "tokens.json", TOKENS),
-        max_journal_bytes=1500, journal_flush_seconds=3600, erasure_poll_seconds=0.2,
-        ledger_janitor_seconds=0.1, ledger_orphan_grace_seconds=0.1,
-    )
-    app = App(settings, storage=storage)
-    await app.start()
-    yield app
-    await app.stop(grace=0.2)
+    async with erasure_app(tmp_path, storage, TOKENS, ledger_janitor_seconds=0.1,
+                           ledger_orphan_grace_seconds=0.1) as started:
+        yield started
 
 
 def connect(app: App, token: str) -> fencepost.AsyncClient:
