@@ -57,8 +57,9 @@ class Pki:
     server_cert: bytes
     server_key: bytes
 
-    def client(self, spiffe_id: str | None, *more_uris: str) -> tuple[bytes, bytes]:
-        return _issue(self, "client", spiffe_id=spiffe_id, more_uris=more_uris)
+    def client(self, spiffe_id: str | None, *more_uris: str,
+               extensions: tuple[x509.ExtensionType, ...] = ()) -> tuple[bytes, bytes]:
+        return _issue(self, "client", spiffe_id=spiffe_id, more_uris=more_uris, extensions=extensions)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -88,7 +89,7 @@ def make_pki() -> Pki:
 
 
 def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = None,
-           more_uris: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+           more_uris: tuple[str, ...] = (), extensions: tuple[x509.ExtensionType, ...] = ()) -> tuple[bytes, bytes]:
     ca_key = _CA_KEY[pki.ca_pem]
     ca = x509.load_pem_x509_certificate(pki.ca_pem)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -107,6 +108,8 @@ def _issue(pki: Pki, cn: str, *, server: bool = False, spiffe_id: str | None = N
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    for extension in extensions:
+        builder = builder.add_extension(extension, critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 

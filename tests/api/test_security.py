@@ -157,6 +157,53 @@ async def test_mtls_spiffe_identity_maps_to_its_tenant(tmp_path: Path) -> None:
         await app.stop(grace=0.2)
 
 
+async def test_a_client_certificate_that_does_not_parse_is_unauthenticated(tmp_path: Path) -> None:
+    """A certificate the TLS layer accepts (signed by the client CA) may hold
+    an extension the identity reader cannot parse: a URI SAN that is not
+    UTF-8, a malformed authority information access or SCT list. Such a
+    call was answered INTERNAL, with a traceback logged per call, instead of
+    being refused as unauthenticated."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtensionOID
+
+    pki = make_pki()
+    (tmp_path / "ca.pem").write_bytes(pki.ca_pem)
+    (tmp_path / "server.pem").write_bytes(pki.server_cert)
+    (tmp_path / "server.key").write_bytes(pki.server_key)
+    good = "spiffe://test.example/ns/a/sa/runtime"
+    spiffe = write_spiffe(tmp_path / "spiffe.json", {good: ("tenant-a", "service")})
+    settings = Settings(listen="127.0.0.1:0", tls_cert=tmp_path / "server.pem", tls_key=tmp_path / "server.key",
+                        tls_client_ca=tmp_path / "ca.pem", spiffe_map=spiffe)
+    app = App(settings, storage=MemoryStorage())
+    await app.start()
+    not_utf8 = b"spiffe://test.example/\xff"
+    san = b"\x30" + bytes([len(not_utf8) + 2]) + b"\x86" + bytes([len(not_utf8)]) + not_utf8
+    not_a_sequence = b"\x30\x03\x02\x01\x01"  # a SEQUENCE holding an INTEGER where entries belong
+    cases = {
+        "URI SAN not UTF-8": (None, x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, san)),
+        "malformed AIA": (good, x509.UnrecognizedExtension(ExtensionOID.AUTHORITY_INFORMATION_ACCESS,
+                                                            not_a_sequence)),
+        "malformed SCT list": (good, x509.UnrecognizedExtension(
+            x509.ObjectIdentifier("1.3.6.1.4.1.11129.2.4.2"), b"\x04\x01\x01")),
+    }
+    outcomes = {}
+    try:
+        for name, (spiffe_id, extension) in cases.items():
+            cert, key = pki.client(spiffe_id, extensions=(extension,))
+            creds = grpc.ssl_channel_credentials(pki.ca_pem, key, cert)
+            async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", credentials=creds, retry=fencepost.NO_RETRY,
+                                             options=[("grpc.ssl_target_name_override", "localhost")]) as c:
+                try:
+                    await c.put("k", b"v")
+                    outcomes[name] = "OK"
+                except errors.FencepostError as exc:
+                    outcomes[name] = exc.code
+        assert outcomes == dict.fromkeys(cases, "UNAUTHENTICATED")
+        assert [i.key for i in await app.storage.list("tenant-a/", None, 10)] == []
+    finally:
+        await app.stop(grace=0.2)
+
+
 async def test_forwarded_client_cert_only_when_enabled(tmp_path: Path) -> None:
     spiffe = write_spiffe(tmp_path / "spiffe.json", {"spiffe://mesh/ns/b/sa/x": ("tenant-b", "service")})
     xfcc = [("x-forwarded-client-cert", 'By=spiffe://mesh/ns/fp/sa/fencepost;Hash=abc;URI=spiffe://mesh/ns/b/sa/x')]

@@ -84,8 +84,12 @@ class MutualTlsSource:
         pems = context.auth_context().get("x509_pem_cert")
         if not pems:
             return None
-        cert = x509.load_pem_x509_certificate(pems[0])
-        ids = spiffe_ids(cert)
+        try:
+            # the TLS layer checked the signature, not every extension: the
+            # reader parses them all (a SAN that is not UTF-8, a malformed SCT list)
+            ids = spiffe_ids(x509.load_pem_x509_certificate(pems[0]))
+        except ValueError as exc:
+            raise _refuse(f"client certificate does not parse: {exc}") from None
         if not ids:
             raise _refuse("client certificate has no SPIFFE URI SAN")
         if len(ids) > 1:  # an X.509-SVID names exactly one: which one the call is would be a guess
