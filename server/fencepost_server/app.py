@@ -177,6 +177,7 @@ def _ledger_of(ctx: AppContext) -> Ledger:
         ctx.shared["ledger"] = ledger
         ctx.on_drain.append(ledger.janitor.drain)
         ctx.on_identities_reloaded.append(ledger.janitor.wake_claims)
+        ctx.on_identities_reloaded.append(ledger.wake_watchers)
         if ctx.settings.ledger_janitor:
             ctx.background.append(ledger.janitor.run)
     return ledger
@@ -221,6 +222,7 @@ def _store_api(ctx: AppContext, server: HandlerRegistry) -> str:
 def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
     s = ctx.settings
     schedule = Schedule(_ledger_of(ctx), clock=s.schedule_clock or time.time, watch_segment=s.schedule_watch_seconds)
+    ctx.on_identities_reloaded.append(schedule.wake_watchers)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(schedule, ctx.auth, ctx.observer), server)
     return schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
 

@@ -246,3 +246,45 @@ async def test_a_waiting_claim_ends_when_its_token_is_revoked(tmp_path: Path) ->
             assert await waiting is None  # a caller still allowed waits on, undisturbed
     finally:
         await app.stop(grace=0.2)
+
+
+async def test_an_idle_watch_ends_once_its_token_is_revoked(tmp_path: Path) -> None:
+    """WatchInbox and WatchDue identified their caller again only before
+    sending something: a watch with nothing to send kept running (and
+    polling the backend) for as long as the session stayed held, long after
+    a reload revoked its token. The reload wakes them, as it wakes a
+    waiting ClaimOrphan, and a revoked caller's watch ends at once; a
+    caller still allowed watches on."""
+    import asyncio
+
+    from fencepost import errors
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+    from tests.conftest import Drained
+
+    tokens = write_tokens(tmp_path / "tokens.json", {"watcher": ("a", "service"), "kept": ("a", "service")})
+    app = App(Settings(listen="127.0.0.1:0", tokens_file=tokens), storage=MemoryStorage())
+    await app.start()
+    try:
+        target = f"127.0.0.1:{app.port}"
+        async with fencepost.AsyncClient(target, token="watcher", retry=fencepost.NO_RETRY, timeout=60) as watcher, \
+                fencepost.AsyncClient(target, token="kept", retry=fencepost.NO_RETRY, timeout=60) as kept:
+            sid = (await kept.open_session("agent", "s")).session_id
+            gen = (await kept.acquire_lease(sid, "A", ttl=60)).generation
+            revoked = [Drained(watcher.watch_inbox(sid, gen)), Drained(watcher.watch_due(sid, gen))]
+            live = [Drained(kept.watch_inbox(sid, gen)), Drained(kept.watch_due(sid, gen))]
+            await asyncio.sleep(0.3)  # every watch is open, with nothing to send
+            assert not any(d.task.done() for d in revoked + live)
+            write_tokens(tokens, {"kept": ("a", "service")})  # "watcher" revoked
+            app.reload_identities()
+            for d in revoked:
+                await d.end(timeout=3)
+            assert [type(d.ended[0]) for d in revoked] == [errors.Unauthenticated] * 2
+            assert not any(d.task.done() for d in live)
+            await kept.deliver(b"after", session_id=sid)  # the kept caller's watch still delivers
+            await live[0].until_seen(1)
+            for d in live:
+                d.task.cancel()
+    finally:
+        await app.stop(grace=0.2)

@@ -153,7 +153,9 @@ class LedgerServicer(ServicerBase, ledger_pb2_grpc.LedgerServiceServicer):
     async def WatchInbox(
         self, request: pb.WatchInboxRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchInboxResponse]:
-        async for event in self.ledger.watch_inbox(caller().tenant, request.session_id, request.generation):
+        async for event in self.ledger.watch_inbox(
+            caller().tenant, request.session_id, request.generation, self.still_allowed(context)
+        ):
             yield pb.WatchInboxResponse(event=_event(event))
 
     @unary

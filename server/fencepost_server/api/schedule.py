@@ -96,7 +96,9 @@ class ScheduleServicer(ServicerBase, schedule_pb2_grpc.ScheduleServiceServicer):
     async def WatchDue(
         self, request: pb.WatchDueRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchDueResponse]:
-        async for r in self.schedule.watch_due(caller().tenant, request.session_id, request.generation):
+        async for r in self.schedule.watch_due(
+            caller().tenant, request.session_id, request.generation, self.still_allowed(context)
+        ):
             # pushed because the clock read at that wake made it due: overdue,
             # whatever a clock read now (it may have stepped back) would say
             yield pb.WatchDueResponse(reminder=_reminder(r, r.scheduled_at_ms))

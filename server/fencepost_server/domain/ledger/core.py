@@ -159,6 +159,15 @@ class LedgerBase:
     def drain(self) -> None:
         """Shutdown has begun: wake every watcher so streams end now."""
         self.draining = True
+        self._wake_watchers()
+
+    async def wake_watchers(self) -> None:
+        """After the identity files were reloaded: open watches identify
+        their caller again now (a revoked one ends) rather than when they
+        next have something to send."""
+        self._wake_watchers()
+
+    def _wake_watchers(self) -> None:
         for wakes in self._watchers.values():
             for wake in wakes:
                 wake.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fencepost import reasons
@@ -177,10 +177,14 @@ class InboxMethods(SessionMethods, LeaseMethods):
         nxt = await self.pages.issue(tenant, listing, last) if last else ""
         return events, nxt
 
-    async def watch_inbox(self, tenant: str, sid: str, generation: int) -> AsyncIterator[InboxEvent]:
+    async def watch_inbox(
+        self, tenant: str, sid: str, generation: int, still_allowed: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[InboxEvent]:
         """The backlog, then each newly parked event, while `generation` is
         current and held; ends with LEASE_FENCED. Deliveries through this
-        process wake the watcher at once; others are seen within watch_poll."""
+        process wake the watcher at once; others are seen within watch_poll.
+        `still_allowed` raises once the caller's credentials were revoked:
+        asked on every wake (a reload wakes every watcher)."""
         sk = self.keys(tenant, sid)
         wake = asyncio.Event()
         self._watchers.setdefault(sid, set()).add(wake)
@@ -188,6 +192,7 @@ class InboxMethods(SessionMethods, LeaseMethods):
         try:
             while not self.draining:
                 wake.clear()
+                still_allowed()
                 gen = await self.storage.get(sk.gen)
                 if gen is None:
                     raise session_not_found(sid)

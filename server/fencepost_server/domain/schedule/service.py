@@ -262,14 +262,25 @@ class Schedule:
         return change is not None, seq
 
     # -- watching ---------------------------------------------------------------------
+    async def wake_watchers(self) -> None:
+        """After the identity files were reloaded: open watches identify
+        their caller again now (a revoked one ends)."""
+        for wakes in self._watchers.values():
+            for wake in wakes:
+                wake.set()
+
     def _wake(self, tenant: str, sid: str) -> None:
         for event in self._watchers.get((tenant, sid), ()):
             event.set()
 
-    async def watch_due(self, tenant: str, sid: str, generation: int) -> AsyncIterator[Reminder]:
+    async def watch_due(
+        self, tenant: str, sid: str, generation: int, still_allowed: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[Reminder]:
         """Each active reminder once, when it becomes due by the clock read at
         that wake, while `generation` holds the lease; ends with LEASE_FENCED.
-        A reminder dispatched or deleted before it is due is never pushed."""
+        A reminder dispatched or deleted before it is due is never pushed.
+        `still_allowed` raises once the caller's credentials were revoked:
+        asked on every wake (a reload wakes every watcher)."""
         key = (tenant, sid)
         wake = asyncio.Event()
         self._watchers.setdefault(key, set()).add(wake)
@@ -277,6 +288,7 @@ class Schedule:
         try:
             while True:
                 wake.clear()
+                still_allowed()
                 await self._check_fence(tenant, sid, generation)
                 f = await self.fold(tenant, sid)
                 now = self.now_ms()  # re-read on every wake: never fire early
