@@ -46,3 +46,30 @@ def test_a_mistyped_spiffe_entry_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": "t\udc80", "role": "service"}]}))
     with pytest.raises(ValueError, match="'tenant'"):
         IdentityMap(None, path)
+
+
+def test_a_bad_spiffe_map_does_not_keep_a_token_revoked_in_a_good_tokens_file(tmp_path: Path) -> None:
+    """Each file stands alone on SIGHUP: a reload that found the SPIFFE map
+    broken kept the previous tokens too, so a token revoked in a tokens file
+    that parsed stayed valid until the map was fixed and another SIGHUP sent."""
+    tokens = _tokens(tmp_path / "tokens.json", tenant="t", role="service")
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": "t", "role": "service"}]}))
+    identities = IdentityMap(tokens, spiffe)
+    generation = identities.generation
+    tokens.write_text(json.dumps({"tokens": []}))  # "tok" revoked
+    spiffe.write_text("{not json")  # and a bad edit of the other file
+    identities.reload()
+    assert identities.by_token("tok") is None
+    assert identities.generation != generation  # open streams re-check their callers
+    kept = identities.by_spiffe("spiffe://corp/x")  # the broken file's previous map is kept
+    assert kept is not None and kept.tenant == "t"
+    # and the other way round: a broken tokens file keeps its tokens, the map takes effect
+    _tokens(tokens, tenant="t", role="service")
+    spiffe.write_text(json.dumps({"spiffe": [{"id": "spiffe://corp/x", "tenant": "t", "role": "service"}]}))
+    identities.reload()
+    tokens.write_text("{not json")
+    spiffe.write_text(json.dumps({"spiffe": []}))
+    identities.reload()
+    assert identities.by_spiffe("spiffe://corp/x") is None
+    assert identities.by_token("tok") is not None

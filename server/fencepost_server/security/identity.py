@@ -8,8 +8,9 @@ SPIFFE map (JSON):
 
     {"spiffe": [{"id": "spiffe://corp.example/ns/billing/sa/runtime", "tenant": "billing", "role": "service"}]}
 
-Both are re-read on SIGHUP (`reload`); a file that fails to parse keeps the
-previous map and logs why, so a bad edit never locks every caller out.
+Both are re-read on SIGHUP (`reload`); a file that fails to parse keeps its
+previous map and logs why, so a bad edit never locks every caller out, while
+the other file still takes effect.
 """
 
 from __future__ import annotations
@@ -91,17 +92,29 @@ class IdentityMap:
         self.reload(strict=True)
 
     def reload(self, *, strict: bool = False) -> None:
-        try:
-            tokens = self._load_tokens() if self.tokens_file else []
-            spiffe = self._load_spiffe() if self.spiffe_file else {}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            if strict:
-                raise
-            log.error("identity files not reloaded, keeping the previous ones: %s", exc)
-            return
-        self._tokens, self._spiffe = tokens, spiffe
-        self.generation += 1
-        log.info("identities loaded: %d token(s), %d SPIFFE id(s)", len(tokens), len(spiffe))
+        """Each file stands alone: one that fails to load keeps its previous
+        map, and the other still takes effect (a bad edit of the SPIFFE map
+        must not keep a token revoked in a tokens file that parsed)."""
+        loaded = False
+        if self.tokens_file:
+            try:
+                self._tokens = self._load_tokens()
+                loaded = True
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                if strict:
+                    raise
+                log.error("tokens file not reloaded, keeping the previous tokens: %s", exc)
+        if self.spiffe_file:
+            try:
+                self._spiffe = self._load_spiffe()
+                loaded = True
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                if strict:
+                    raise
+                log.error("SPIFFE map not reloaded, keeping the previous map: %s", exc)
+        if loaded:
+            self.generation += 1
+            log.info("identities loaded: %d token(s), %d SPIFFE id(s)", len(self._tokens), len(self._spiffe))
 
     def _load_tokens(self) -> list[tuple[bytes, Identity]]:
         assert self.tokens_file is not None
