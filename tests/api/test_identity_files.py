@@ -73,3 +73,24 @@ def test_a_bad_spiffe_map_does_not_keep_a_token_revoked_in_a_good_tokens_file(tm
     identities.reload()
     assert identities.by_spiffe("spiffe://corp/x") is None
     assert identities.by_token("tok") is not None
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("[" * 100_000, id="nested-too-deep"),
+    pytest.param(b"\xff\xfe{".decode("latin-1"), id="not-utf8"),
+])
+def test_a_file_json_cannot_read_is_refused_and_a_reload_keeps_the_previous_map(tmp_path: Path, text: str) -> None:
+    """A file the JSON reader gives up on (nested past its recursion limit,
+    bytes that are not UTF-8) is refused as a ValueError like any other bad
+    file: start-up reports it as a config error and SIGHUP keeps the previous
+    map, rather than the server dying on a RecursionError."""
+    path = _tokens(tmp_path / "tokens.json", tenant="t", role="service")
+    identities = IdentityMap(path)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match="bad.json"):
+        IdentityMap(bad)
+    path.write_bytes(text.encode("latin-1"))
+    identities.reload()
+    found = identities.by_token("tok")
+    assert found is not None and found.tenant == "t"

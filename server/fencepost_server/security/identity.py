@@ -65,9 +65,13 @@ _SPIFFE_SHAPE = '{"spiffe": [{"id", "tenant", "role"}, ...]}'
 def _entries(path: Path, key: str, shape: str) -> list[dict[str, str]]:
     """The list under `key`, or ValueError saying what the file should hold."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected {shape}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start}); expected {shape}") from None
+    except RecursionError:  # a config error like any other, not a crash at start-up
+        raise ValueError(f"{path}: nested too deeply to read; expected {shape}") from None
     entries = data.get(key) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ValueError(f"{path}: expected {shape}")
