@@ -317,12 +317,17 @@ async def test_forwarded_client_cert_quoted_values_name_no_identity(tmp_path: Pa
             with pytest.raises(errors.Unauthenticated):
                 await c.put("k", b"v")
         assert [i.key for i in await app.storage.list("", None, 10)] == ["tenant-b/kv/k"]
-        # Envoy writes one URI pair per URI SAN: as over mTLS, the identity is the one
-        # SPIFFE id among them, and a certificate naming two is ambiguous and refused
-        async with client("Hash=abc;URI=https://mesh/docs;URI=spiffe://mesh/ns/b/sa/x") as c:
+        # Envoy writes one URI pair per URI SAN ("URI=" for none) and URI and DNS
+        # values unquoted: a SAN holding `;URI=<id>` (a URI SAN with a `;`, a DNS
+        # SAN of a certificate with no URI SAN) reads as a second URI pair. An SVID
+        # has exactly one URI SAN: an element with two URI pairs is refused.
+        async with client("Hash=abc;URI=spiffe://mesh/ns/b/sa/x;DNS=b.mesh") as c:
             await c.put("k2", b"v")
         for uris in ("URI=spiffe://mesh/ns/b/sa/x;URI=spiffe://mesh/ns/a/sa/admin",
-                     "URI=spiffe://mesh/ns/a/sa/admin;URI=spiffe://mesh/ns/b/sa/x"):
+                     "URI=spiffe://mesh/ns/a/sa/admin;URI=spiffe://mesh/ns/b/sa/x",
+                     "URI=https://mesh/docs;URI=spiffe://mesh/ns/a/sa/admin",
+                     "URI=;DNS=x;URI=spiffe://mesh/ns/a/sa/admin",
+                     "URI=;DNS=b.mesh"):
             async with client(f"Hash=abc;{uris}") as c:
                 with pytest.raises(errors.Unauthenticated):
                     await c.put("k3", b"v")

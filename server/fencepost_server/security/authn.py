@@ -116,13 +116,16 @@ class ForwardedCertSource:
         elements = xfcc_elements(value)
         if elements is None:
             raise _refuse("x-forwarded-client-cert is malformed (an unterminated quoted value)")
-        # The last element is the hop closest to us (the sidecar's own peer);
-        # Envoy writes one URI pair per URI SAN: the SPIFFE ones count, as over mTLS.
-        uris = [v for k, v in elements[-1] if k.lower() == "uri" and v.startswith("spiffe://")]
-        if not uris:
-            raise _refuse("x-forwarded-client-cert carries no SPIFFE URI")
+        # The last element is the hop closest to us (the sidecar's own peer).
+        # Envoy writes one URI pair per URI SAN ("URI=" when there is none)
+        # and DNS pairs unquoted: a SAN holding `;URI=spiffe://...` reads as
+        # one pair more. An SVID has exactly one URI SAN, so an element with
+        # two URI pairs, of any scheme, is refused rather than guessed at.
+        uris = [v for k, v in elements[-1] if k.lower() == "uri"]
         if len(uris) > 1:
-            raise _refuse(f"x-forwarded-client-cert carries {len(uris)} SPIFFE URIs (an SVID has exactly one)")
+            raise _refuse(f"x-forwarded-client-cert carries {len(uris)} URI SANs (an SVID has exactly one)")
+        if not uris or not uris[0].startswith("spiffe://"):
+            raise _refuse("x-forwarded-client-cert carries no SPIFFE URI")
         identity = self.identities.by_spiffe(uris[0])
         if identity is None:
             raise _refuse(f"SPIFFE id {uris[0]} is not mapped to a tenant")
