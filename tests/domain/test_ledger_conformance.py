@@ -10,8 +10,8 @@ import pytest
 from fencepost import reasons
 from fencepost_server.domain.errors import DomainError
 from fencepost_server.domain.ledger import Ledger, LedgerConfig
-from fencepost_server.domain.ledger.layout import BLOB_PREFIX
-from fencepost_server.storage import Delete, Storage
+from fencepost_server.domain.ledger.layout import BLOB_PREFIX, ERASE_PREFIX
+from fencepost_server.storage import BackendUnavailable, Delete, Storage
 from fencepost_server.storage.counting import ObservedStorage
 from tests.domain.test_ledger import T, FakeClock, _session, reason
 
@@ -251,3 +251,45 @@ async def test_janitor_never_sweeps_the_blob_of_an_event_parked_after_its_look(s
     events, _ = await ledger.list_inbox(T, sid)
     assert [(e.inbox_id, e.payload) for e in events] == [(acked.inbox_id, b"x" * 1000)]
     assert await storage.get(ledger.keys(T, sid).blob_key(acked.inbox_id)) is not None
+
+
+class _StalledErasures(ObservedStorage):
+    """The janitor's look at unfinished erasures hangs until `go` is set, or
+    fails when `broken`: a slow or failing sweep of another session."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.go = asyncio.Event()
+        self.broken = False
+
+    async def list(self, prefix, start_after=None, limit=100):  # type: ignore[no-untyped-def]
+        if prefix.startswith(ERASE_PREFIX):
+            if self.broken:
+                raise BackendUnavailable("erase prefix unreadable")
+            await self.go.wait()
+        return await self.inner.list(prefix, start_after, limit)
+
+
+async def test_orphans_are_offered_while_the_janitor_still_sweeps_and_when_a_sweep_fails(storage: Storage) -> None:
+    """An orphan is offered to ClaimOrphan as soon as the janitor has found
+    it: neither a slow sweep of leftovers (blobs, unfinished erasures of other
+    sessions) in the same pass nor a failing one holds it back, so a session
+    whose holder died is claimed within the janitor interval + grace."""
+    stalled = _StalledErasures(storage)
+    ledger = Ledger(stalled)
+    sid = await _session(ledger)
+    await ledger.deliver(T, session_id=sid, payload=b"e")  # never leased: an orphan at once
+    scan = asyncio.ensure_future(ledger.janitor.scan())
+    try:
+        claimed = await ledger.janitor.claim(T, "W", 10, 2)
+    finally:
+        stalled.go.set()
+        await scan
+    assert claimed is not None and claimed.session_id == sid and claimed.lease.holder == "W"
+    other = await _session(ledger, "other")
+    await ledger.deliver(T, session_id=other, payload=b"e")
+    stalled.broken = True
+    with pytest.raises(BackendUnavailable):
+        await ledger.janitor.scan()
+    claimed = await ledger.janitor.claim(T, "W", 10, 0)
+    assert claimed is not None and claimed.session_id == other

@@ -122,18 +122,20 @@ class Janitor:
                 if len(entries) < _BATCH:
                     break
                 start = entries[-1].key
-        swept_before = (self.stats.stale_pending_swept, self.stats.blobs_swept)
-        await self._sweep_blobs(now)
-        await self._finish_erasures(now)
-        self.stats.passes += 1
         self.stats.orphans_found += sum(len(v) for v in found.values())
         self.stats.oldest_pending_age = oldest
         self.ledger.events("janitor.orphans_found", sum(len(v) for v in found.values()))
         self.ledger.events("janitor.oldest_pending_seconds", oldest)
-        self.ledger.events("janitor.blobs_swept", self.stats.blobs_swept - swept_before[1])
+        # Offered before the sweeps: a slow or failing sweep of leftovers must
+        # not hold back the sessions waiting for a worker.
         async with self._changed:
             self._orphans = found
             self._changed.notify_all()
+        blobs_before = self.stats.blobs_swept
+        await self._sweep_blobs(now)
+        await self._finish_erasures(now)
+        self.stats.passes += 1
+        self.ledger.events("janitor.blobs_swept", self.stats.blobs_swept - blobs_before)
 
     async def _inspect(self, entry: Item, now: float) -> tuple[_Orphan | None, float]:
         sid = entry.key.rsplit("/", 1)[1]
