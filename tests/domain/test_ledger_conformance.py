@@ -293,3 +293,43 @@ async def test_orphans_are_offered_while_the_janitor_still_sweeps_and_when_a_swe
         await ledger.janitor.scan()
     claimed = await ledger.janitor.claim(T, "W", 10, 0)
     assert claimed is not None and claimed.session_id == other
+
+
+class _StalledGrant(ObservedStorage):
+    """A transaction writing `lease_key` waits for `go` (once), `reached` set
+    when it starts waiting."""
+
+    def __init__(self, inner: Storage, lease_key: str) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.lease_key = lease_key
+        self.reached, self.go = asyncio.Event(), asyncio.Event()
+
+    async def transact(self, checks, writes, count=None):  # type: ignore[no-untyped-def]
+        if not self.reached.is_set() and any(w.key == self.lease_key for w in writes):
+            self.reached.set()
+            await self.go.wait()
+        return await self.inner.transact(checks, writes, count)
+
+
+async def test_an_orphan_offered_while_a_claim_tries_a_stale_one_is_not_missed(storage: Storage) -> None:
+    """A claim whose grant of one offered orphan fails (taken meanwhile) still
+    sees an orphan the janitor offered while that grant was under way, rather
+    than sleeping through the janitor's wake-up until its wait runs out."""
+    plain = Ledger(storage)
+    stale, fresh = await _session(plain, "stale"), await _session(plain, "fresh")
+    stalled = _StalledGrant(storage, plain.keys(T, stale).lease)
+    ledger = Ledger(stalled)
+    await ledger.deliver(T, session_id=stale, payload=b"e")  # never leased: an orphan at once
+    await ledger.janitor.scan()  # offers `stale`
+    claim = asyncio.ensure_future(ledger.janitor.claim(T, "W", 10, 30))
+    await stalled.reached.wait()  # the claim is granting `stale` ...
+    await Ledger(storage).acquire(T, stale, "other", ttl=60)  # ... which another worker takes first
+    await ledger.deliver(T, session_id=fresh, payload=b"e")
+    await ledger.janitor.scan()  # offers `fresh`, waking claims
+    stalled.go.set()
+    done, _ = await asyncio.wait([claim], timeout=2)  # not at the end of its 30 s wait
+    if not done:
+        claim.cancel()
+    assert done, "the claim slept through the offer"
+    claimed = claim.result()
+    assert claimed is not None and claimed.session_id == fresh

@@ -73,6 +73,9 @@ class Janitor:
         self.stats = JanitorStats()
         self._orphans: dict[str, OrderedDict[str, _Orphan]] = {}  # tenant -> sid -> orphan
         self._changed = asyncio.Condition()
+        #: bumped with every wake-up of the claims: a claim busy granting when
+        #: one came knows to look again instead of waiting for the next
+        self._wakes = 0
 
     @property
     def interval(self) -> float:
@@ -86,12 +89,14 @@ class Janitor:
         """Shutdown: waiting ClaimOrphan long-polls answer "nothing" now."""
         self.ledger.drain()
         async with self._changed:
+            self._wakes += 1
             self._changed.notify_all()
 
     async def wake_claims(self) -> None:
         """After the identity files were reloaded: waiting claims check their
         caller again now (a revoked one ends) rather than at the next orphan."""
         async with self._changed:
+            self._wakes += 1
             self._changed.notify_all()
 
     async def run(self) -> None:
@@ -130,6 +135,7 @@ class Janitor:
         # not hold back the sessions waiting for a worker.
         async with self._changed:
             self._orphans = found
+            self._wakes += 1
             self._changed.notify_all()
         blobs_before = self.stats.blobs_swept
         await self._sweep_blobs(now)
@@ -218,6 +224,7 @@ class Janitor:
         deadline = time.monotonic() + wait
         while True:
             still_allowed()
+            wakes = self._wakes
             for orphan in list(self._orphans.get(tenant, {}).values()):
                 if agent and orphan.agent != agent:
                     continue
@@ -232,6 +239,8 @@ class Janitor:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ledger.draining:
                 return None
+            if self._wakes != wakes:
+                continue  # woken while granting: look again now
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
