@@ -333,3 +333,18 @@ async def test_an_orphan_offered_while_a_claim_tries_a_stale_one_is_not_missed(s
     assert done, "the claim slept through the offer"
     claimed = claim.result()
     assert claimed is not None and claimed.session_id == fresh
+
+
+async def test_acquire_by_generation_decides_on_the_stored_lease_not_a_remembered_one(storage: Storage) -> None:
+    """AcquireLease decides on the lease as stored, whatever the replica
+    remembers: a holder that released through another replica and acquires
+    again passing its generation is granted a new one (the lease is free), as
+    a replica that never saw the lease grants it, not fenced because this
+    replica still remembers the lease as held."""
+    clock = FakeClock()
+    one, two = Ledger(storage, clock=clock), Ledger(storage, clock=clock)
+    sid = await _session(one)
+    g = (await one.acquire(T, sid, "A", ttl=10)).generation  # `one` remembers A holding g
+    assert await two.release(T, sid, g) == 0
+    again = await one.acquire(T, sid, "A", ttl=10, generation=g)
+    assert (again.holder, again.generation) == ("A", g + 1)

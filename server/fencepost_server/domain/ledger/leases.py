@@ -40,7 +40,14 @@ class LeaseMethods(LedgerBase):
             if generation and generation == st.generation and holder == st.holder and not st.released:
                 # a renew, as RenewLease: also just after expiry while nobody took it
                 # (a new generation here would fence the holder's own writes in flight)
-                return await self.renew(tenant, sid, generation, ttl, holder)
+                try:
+                    return await self.renew(tenant, sid, generation, ttl, holder)
+                except FailedPrecondition:
+                    if fresh:
+                        raise
+                    # decided on a remembered lease: decide again on the stored one
+                    item, fresh = await self.read_lease(sk), True
+                    continue
             if st.live(now) and (holder != st.holder or not reclaim):
                 if not fresh:
                     item, fresh = await self.read_lease(sk), True
