@@ -239,9 +239,9 @@ class Janitor:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ledger.draining:
                 return None
-            if self._wakes != wakes:
-                continue  # woken while granting: look again now
-            async with self._changed:
+            async with self._changed:  # the wakers count under this lock: no wake-up slips between
+                if self._wakes != wakes:
+                    continue  # woken while granting: look again now
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
                 except asyncio.TimeoutError:
