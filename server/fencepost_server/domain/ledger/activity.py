@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from ...storage import MAX_TXN_OPS, Delete, Expect, Put, StorageError, Write
@@ -145,6 +146,29 @@ def _kept_text(old: Activity, dropped: int) -> str:
     return text
 
 
+class _Dating:
+    """`with ledger.dating(micros):` counts `micros` in flight; a negative
+    one (nothing dated) counts nothing. A plain class: every commit enters one."""
+
+    __slots__ = ("_counts", "_micros")
+
+    def __init__(self, counts: Counter[int], micros: int) -> None:
+        self._counts, self._micros = counts, micros
+
+    def __enter__(self) -> None:
+        if self._micros >= 0:
+            self._counts[self._micros] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        counts, micros = self._counts, self._micros
+        if micros < 0:
+            return
+        if counts[micros] <= 1:
+            del counts[micros]
+        else:
+            counts[micros] -= 1
+
+
 def indexed_key(session_key: str) -> str | None:
     return session_key if len(session_key.encode()) <= KEY_IN_INDEX_BYTES else None
 
@@ -192,6 +216,20 @@ class ActivityMethods(LedgerBase):
                 return None
             act = replace(act, key=indexed_key(Meta.decode(meta.value).key))
         return value, act
+
+    def dating(self, micros: int) -> _Dating:
+        """Around the write of an index entry dated `micros` (advance_writes):
+        until it lands, a listing's snapshot time stays at or before it
+        (`snapshot_time`). Otherwise a listing whose first page is read while
+        the write is in flight would pass the position the new entry lands at
+        and then find the entry it supersedes marked superseded before its
+        snapshot: the session would be on no page."""
+        return _Dating(self._dating, micros)
+
+    def snapshot_time(self, now: int) -> int:
+        """A new listing's T0 (µs): now, or the oldest index entry this
+        process is still writing (`dating`), whichever is earlier."""
+        return min(now, min(self._dating)) if self._dating else now
 
     def advance_writes(
         self, sk: SessionKeys, old_value: bytes, old: Activity, seq: int, added_bytes: int, room: int
@@ -243,7 +281,8 @@ class ActivityMethods(LedgerBase):
             return value
         writes, new_value, new = self.advance_writes(
             sk, value, act, act.owed[0], 0, MAX_TXN_OPS - ACTIVITY_OPS)
-        res = await self.storage.transact((), writes)
+        with self.dating(new.micros):
+            res = await self.storage.transact((), writes)
         if not res.applied:
             self.remember_activity(sk, None)
             return value
@@ -260,7 +299,9 @@ class ActivityMethods(LedgerBase):
         while len(act.kept) > MAX_KEPT:
             writes, new_value, new = self.advance_writes(
                 sk, value, act, act.head_seq, 0, MAX_TXN_OPS - ACTIVITY_OPS)
-            if not (await self.storage.transact((), writes)).applied:
+            with self.dating(new.micros):
+                res = await self.storage.transact((), writes)
+            if not res.applied:
                 self.remember_activity(sk, None)
                 return None
             self.remember_activity(sk, new_value, new)

@@ -119,6 +119,7 @@ class CommitMethods(ActivityMethods):
         for _attempt in range(_ATTEMPTS):
             prior = await self.prior_activity(tenant, sk, expected_seq)
             new_act = new_value = None
+            dated = -1  # the time of the index entry this attempt writes (-1: none)
             if prior is None:  # the session is gone: the write fails and _why says how
                 ops, conds = writes, [*checks, Check(sk.act, PRESENT)]
                 size = fixed_size + len(sk.act.encode())
@@ -130,6 +131,7 @@ class CommitMethods(ActivityMethods):
                     activity, new_value, new_act = self.deferred_writes(sk, *prior, new_seq, added)
                 else:
                     activity, new_value, new_act = self.advance_writes(sk, *prior, new_seq, added, room)
+                    dated = new_act.micros
                 ops, conds = [*writes, *activity], checks
                 size = fixed_size + key_bytes([w.key for w in activity])
                 size += sum([len(w.value) for w in activity if type(w) is Put])
@@ -143,7 +145,8 @@ class CommitMethods(ActivityMethods):
 
             # One backend call: the pending count comes back with the write.
             try:
-                res = await self.storage.transact(conds, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
+                with self.dating(dated):
+                    res = await self.storage.transact(conds, ops, CountKeys(sk.inbox, PENDING_COUNT_CAP))
             except InvalidTransaction as exc:
                 if exc.limit != MAX_TXN_BYTES or exc.size is None:
                     raise

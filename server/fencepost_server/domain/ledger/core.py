@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -153,6 +153,9 @@ class LedgerBase:
         self._identities = _Lru(self.config.cache_size)  # identity key -> session id (immutable)
         self._acts = _Lru(self.config.cache_size)  # act/ key -> the act/ value last seen / written
         self._indexed = _Lru(self.config.cache_size)  # agent roots whose activity index is complete
+        #: the times (µs) of index entries this process is writing: a listing's
+        #: snapshot starts before them (activity.py, `dating`)
+        self._dating: Counter[int] = Counter()
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._last_arrival_ns = 0  # the last inbox id's time (arrival_id)
 

@@ -2,7 +2,8 @@
 agent's activity index (activity.py) in work proportional to the page.
 
 A listing is a snapshot at T0, the server's clock when its first page is
-read: each session appears once, at the entry that was current just before
+read (or the time of the oldest index entry this process is still writing,
+when earlier: activity.py, `dating`): each session appears once, at the entry that was current just before
 T0 (`u < T0 <= n`), with that entry's seq, size and time. A session that
 commits between two pages keeps its T0 entry (superseded entries live for
 the listing horizon), so it is neither skipped nor listed twice; one created
@@ -109,7 +110,7 @@ class ListingMethods(SessionMethods):
         now = int(self.clock() * 1e6)
         horizon = now - int(self.config.listing_horizon * 1e6)
         if resume is None:
-            pos = _Position(now, "")
+            pos = _Position(self.snapshot_time(now), "")
         else:
             count, used, t0, after = json.loads(resume)
             pos = _Position(int(t0), str(after), int(count), int(used))
