@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fencepost_server.storage import BackendUnavailable
+from fencepost_server.storage import BackendUnavailable, PersistenceUncertain
 from fencepost_server.storage.sqlite import SqliteStorage
 
 Op = Callable[[sqlite3.Connection, Callable[[], str]], Any]
@@ -94,7 +94,8 @@ async def _a_batch_around(store: SqliteStorage, bad: Op) -> None:
     gate.set()
     results = await asyncio.gather(*batch, return_exceptions=True)
 
-    assert all(isinstance(r, BackendUnavailable) for r in results)
+    # nothing applied, and known not to be: not PersistenceUncertain
+    assert all(isinstance(r, BackendUnavailable) and not isinstance(r, PersistenceUncertain) for r in results)
     assert await store.get("x") is None and await store.get("y") is None
     await store.put("after", b"1")
     assert (await store.get("after")) is not None
@@ -111,6 +112,33 @@ async def test_a_write_without_a_savepoint_failing_part_way_fails_the_whole_batc
     await store.put("taken", b"1")
     await _a_batch_around(store, half_then_clash)
     assert await store.get("half") is None
+
+
+async def test_a_failing_commit_answers_every_write_of_its_batch_outcome_unknown(store: SqliteStorage) -> None:
+    """COMMIT itself failing (an I/O error writing or syncing the WAL) may
+    leave the batch on disk for recovery to replay: each write is answered
+    PersistenceUncertain, not "nothing applied", and the writer carries on.
+    (An authorizer refusing the COMMIT statement stands in for the disk.)"""
+    refused = []
+
+    def refuse_commit_once(action: int, arg1: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION and arg1 == "COMMIT" and not refused:
+            refused.append(arg1)
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    def install(conn: sqlite3.Connection, _version: Callable[[], str]) -> None:
+        conn.set_authorizer(refuse_commit_once)
+
+    gate = _hold_writer(store)
+    batch = [_submit(store, _put("p"), savepoint=False), _submit(store, install, savepoint=False),
+             _submit(store, _put("q"), savepoint=False)]
+    gate.set()
+    results = await asyncio.gather(*batch, return_exceptions=True)
+    assert refused and all(isinstance(r, PersistenceUncertain) for r in results), results
+    store._writer._conn.set_authorizer(None)  # the writer's thread is idle: no statement runs meanwhile
+    await store.put("after", b"1")
+    assert await store.get("after") is not None
 
 
 async def test_a_transaction_applies_all_its_writes_or_none(store: SqliteStorage) -> None:

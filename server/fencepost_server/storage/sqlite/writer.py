@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..base import BackendUnavailable
+from ..base import BackendUnavailable, PersistenceUncertain
 from .statements import connect, create_schema
 
 log = logging.getLogger(__name__)
@@ -339,15 +339,26 @@ class Worker:
                         # committed; nothing applied either way.)
                         raise sqlite3.OperationalError(f"a write failed part-way: {outcome[1]}")
                 outcomes.append(outcome)
+        except sqlite3.Error as exc:
+            log.warning("sqlite batch failed before its commit: %s", exc)
+            self._rollback()
+            return [(False, BackendUnavailable(f"sqlite batch failed, nothing applied: {exc}"))] * len(batch)
+        try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            # An I/O error while the WAL is written or synced: the batch may
+            # still be on disk (recovery replays every complete transaction in
+            # the WAL), so "nothing applied" would be a guess.
             log.warning("sqlite batch commit failed: %s", exc)
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            outcomes = [(False, BackendUnavailable(f"sqlite commit failed: {exc}"))] * len(batch)
+            self._rollback()
+            return [(False, PersistenceUncertain(f"sqlite commit failed, outcome unknown: {exc}"))] * len(batch)
         return outcomes
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
 
 def _call(op: Op, args: tuple[Any, ...]) -> tuple[bool, Any]:
