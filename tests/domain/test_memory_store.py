@@ -355,6 +355,25 @@ async def test_a_replica_folded_before_an_erasure_does_not_serve_erased_entries(
     assert [v.entry.content for v in listed] == [e.content for e in fresh]
     assert (await r1.search(T, A, "erased")).entries == []
 
+async def test_a_replica_folded_before_an_erasure_starts_over_when_the_refill_ends_with_the_same_record(
+    storage: Storage,
+) -> None:
+    """Erased, then refilled by an import whose record at the old head's
+    position is byte for byte the one erased there (an import record holds
+    the entry and nothing of when it was written): a replica whose fold
+    predates the erasure still starts over, never serving an erased fact in
+    place of the one imported after it."""
+    r1, r2 = MemoryStore(storage), MemoryStore(storage)
+    await r1.import_entries(T, A, [Entry("fact", "erased fact", 1), Entry("kept", "kept fact", 2)])
+    assert await ids(r1) == ["fact", "kept"]  # r1's fold is warm at head 2
+    for key in await storage.list_keys(MemoryStore._root(T, A), None, 100):  # what an agent erasure sweeps
+        await storage.delete(key)
+    done = await r2.import_entries(T, A, [Entry("fixed", "corrected fact", 1), Entry("kept", "kept fact", 2)])
+    assert done.imported == 2
+    assert [v.entry.content for v in (await r1.list(T, A)).entries] == ["corrected fact", "kept fact"]
+    assert (await r1.search(T, A, "erased")).entries == []
+
+
 
 async def test_content_is_required(mem: MemoryStore, storage: Storage) -> None:
     """content is one of the four required fields: an empty fact is refused

@@ -138,9 +138,11 @@ class Fold:
 
     def __init__(self) -> None:
         self.head = 0
-        #: the stored bytes of the record at `head`, as the store last saw them
-        #: (how a catch-up tells the lane it folded from one erased and refilled)
-        self.head_raw = b""
+        #: the version of the record at `head`, as the store last gave it (how a
+        #: catch-up tells the lane it folded from one erased and refilled: a
+        #: key written again never gets an old version back, while its bytes
+        #: may repeat, as an import's record does)
+        self.head_version = ""
         self.entries: dict[str, Entry] = {}
         self.tombstoned: set[str] = set()
         self.pins: dict[str, None] = {}  # pin order

@@ -197,14 +197,14 @@ class MemoryStore:
     async def _catch_up(self, tenant: str, agent: str, folded: Fold) -> None:
         lane = self._lane(tenant, agent)
         while True:
-            # listed from the fold's own head record: if that is gone, or holds
-            # other bytes, the lane was erased (AdminService) since it was folded
-            # (and maybe refilled past that position through another replica),
-            # and the fold starts over
-            head, head_raw = folded.head, folded.head_raw
+            # listed from the fold's own head record: if that is gone, or was
+            # written again (another version), the lane was erased (AdminService)
+            # since it was folded (and maybe refilled past that position through
+            # another replica), and the fold starts over
+            head, head_version = folded.head, folded.head_version
             after = f"{lane}{head - 1:020d}" if head > 1 else None
             rows = await self.storage.list(lane, after, _CATCH_UP_PAGE)
-            if head and (not rows or rows[0].key != f"{lane}{head:020d}" or rows[0].value != head_raw):
+            if head and (not rows or rows[0].key != f"{lane}{head:020d}" or rows[0].version != head_version):
                 folded.__init__()  # type: ignore[misc]
                 continue
             for row in rows:
@@ -214,7 +214,7 @@ class MemoryStore:
                     continue
                 folded.apply(position, decode_record(row.value))
                 if position == folded.head:
-                    folded.head_raw = row.value
+                    folded.head_version = row.version
             if len(rows) < _CATCH_UP_PAGE:
                 return
 
@@ -230,17 +230,19 @@ class MemoryStore:
             base = folded.head
             payloads = [encode_record(r) for r in decision.records]
             if len(payloads) == 1:
-                applied = (await self.storage.put_if_absent(f"{lane}{base + 1:020d}", payloads[0])).applied
+                put = await self.storage.put_if_absent(f"{lane}{base + 1:020d}", payloads[0])
+                applied, version = put.applied, put.version
             else:
                 writes = [
                     Put(f"{lane}{base + i + 1:020d}", p, Expect(exists=False)) for i, p in enumerate(payloads)
                 ]
-                applied = (await self.storage.transact((), writes)).applied
+                txn = await self.storage.transact((), writes)
+                applied, version = txn.applied, txn.versions[-1] if txn.versions else None
             if applied:
                 for i, rec in enumerate(decision.records):
                     folded.apply(base + i + 1, rec)
                 if folded.head == base + len(payloads):
-                    folded.head_raw = payloads[-1]
+                    folded.head_version = version or ""
                 return decision.finish(folded)
             await self._catch_up(tenant, agent, folded)
         raise Aborted(reasons.TXN_CONTENDED, "the memory lane kept moving under this write; retry it")
