@@ -243,6 +243,23 @@ async def test_request_id_reused_for_another_record_is_refused(storage: Storage)
     assert view is not None and tags(view.data) == ["first"]
 
 
+async def test_a_request_id_reused_past_its_window_for_another_record_is_read(storage: Storage) -> None:
+    """Past the request-id window (its marker no longer found) the same id with
+    a different record is a new request: it is acked, so every read returns it.
+    Only a retry of the same record under the id is read once."""
+    from fencepost_server.domain.requests import RequestLog
+
+    now = [time.time()]
+    j = Journal(storage, Limits(), requests=RequestLog(storage, clock=lambda: now[0]))
+    await j.append(TENANT, "late", fields(1), extra("first"), "req-1")
+    now[0] += 3 * 3600  # past the dedupe window
+    assert await j.append(TENANT, "late", fields(2), extra("second"), "req-1")  # another record: acked
+    now[0] += 3 * 3600
+    await j.append(TENANT, "late", fields(1), extra("first"), "req-1")  # a late retry of the first
+    view = await j.read(TENANT, "late")
+    assert view is not None and tags(view.data) == ["first", "second"] and view.records == 2
+
+
 def test_ids_are_time_ordered_and_unique_across_replicas() -> None:
     from fencepost_server.domain.journal import IdSource
 

@@ -364,7 +364,7 @@ class Journal:
         Flush-on-read first (skipped when another flusher holds the lease).
         Then: head, tail, the head generation's segments, head again; a
         rotation in between (generation changed) re-runs the read. Records
-        are de-duplicated by id and by request id and returned in id order."""
+        are de-duplicated by id and by request id with record, and returned in id order."""
         check_agent(agent, field)
         keys = _keys(tenant, agent)
         # what the background flusher has due for this agent, as it was before the read
@@ -587,15 +587,18 @@ def _archive_info(name: str, raw: bytes) -> ArchiveInfo:
 
 
 def _view(entries: list[Entry]) -> JournalView:
-    """Sort by id; one line per id and per non-empty request id (first wins)."""
+    """Sort by id; one line per id and per non-empty request id with its record
+    (first wins): a retry journaled again past the request-id window repeats
+    both, while the same id reused for another record past it was acked anew."""
     by_id = {e.id: e for e in entries}
-    seen_rids: set[str] = set()
+    seen_requests: set[tuple[str, bytes]] = set()
     lines: list[bytes] = []
     for rid_entry in sorted(by_id.values(), key=lambda e: e.id):
         if rid_entry.rid:
-            if rid_entry.rid in seen_rids:
+            request = (rid_entry.rid, rid_entry.json)
+            if request in seen_requests:
                 continue
-            seen_rids.add(rid_entry.rid)
+            seen_requests.add(request)
         lines.append(rid_entry.json)
     data = b"".join(line + b"\n" for line in lines)
     return JournalView(data, len(lines))
