@@ -14,12 +14,15 @@ target with the archive range by range.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import fcntl
+import os
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..storage import EXPORT_PAGE, Item, StorageError
+from ..storage import EXPORT_PAGE, Item, StorageError, private
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
 from .fit import item_sizer, refuse_unfit
 from .progress import Progress, tracked
@@ -66,29 +69,30 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     refuse_memory(url)
     refuse_own_files(url, out, "--out")
     refuse_unwritable_out(out)
-    try:
-        async with source(url, snapshot_file) as src:
-            progress = Progress("backup", count_snapshot(src), stream=stream)
-            header = Header(scheme_of(url), src.consistency, await src.read.version_watermarks())
-            writer = ArchiveWriter(out, header)
-            digester = RangeDigester(page)
-            try:
-                async for items in src.read.export_items(None, page):
-                    writer.write(items)
-                    digester.add(items)
-                    progress.advance(len(items))
-                progress.finish()
-                quiesced = src.snapshot
-                if not quiesced:  # read again: did anything change while we read?
-                    again = await compare_ranges(_iterate(digester.finish()), tracked(
-                        src.live.export_items(None, page), Progress("verify", writer.items, stream=stream)))
-                    quiesced = again.same
-                trailer = writer.finish(quiesced=quiesced)
-            except BaseException:
-                writer.abandon()
-                raise
-    except StorageError as exc:
-        raise LifecycleError(f"backup of {url} failed: {exc}") from exc
+    with sole_backup(out):
+        try:
+            async with source(url, snapshot_file) as src:
+                progress = Progress("backup", count_snapshot(src), stream=stream)
+                header = Header(scheme_of(url), src.consistency, await src.read.version_watermarks())
+                writer = ArchiveWriter(out, header)
+                digester = RangeDigester(page)
+                try:
+                    async for items in src.read.export_items(None, page):
+                        writer.write(items)
+                        digester.add(items)
+                        progress.advance(len(items))
+                    progress.finish()
+                    quiesced = src.snapshot
+                    if not quiesced:  # read again: did anything change while we read?
+                        again = await compare_ranges(_iterate(digester.finish()), tracked(
+                            src.live.export_items(None, page), Progress("verify", writer.items, stream=stream)))
+                        quiesced = again.same
+                    trailer = writer.finish(quiesced=quiesced)
+                except BaseException:
+                    writer.abandon()
+                    raise
+        except StorageError as exc:
+            raise LifecycleError(f"backup of {url} failed: {exc}") from exc
     return BackupReport(trailer.items, trailer.chunks, src.consistency, quiesced, loop.time() - started)
 
 
@@ -101,6 +105,42 @@ def refuse_unwritable_out(out: Path) -> None:
                              f"(e.g. {out / 'fencepost.arch.gz'})", Exit.USAGE)
     if not out.parent.is_dir():
         raise LifecycleError(f"--out {out}: the directory {out.parent} does not exist", Exit.USAGE)
+
+
+@contextlib.contextmanager
+def sole_backup(out: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `out`'s `.partial` for the whole backup:
+    two backups of one file at once (overlapping scheduled runs) would share
+    it and the snapshot file, and the first to finish would rename a mix of
+    both archives into place, reporting success. A second one is refused;
+    a `.partial` left by a killed backup holds no lock and is written over."""
+    partial = out.with_name(out.name + ".partial")
+    while True:
+        fd = os.open(partial, os.O_CREAT | os.O_WRONLY, private.FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LifecycleError(f"another backup is writing {out} right now (it holds {partial.name}): let it "
+                                 "finish, or write this one to another file", Exit.REFUSED) from None
+        if _same_file(partial, fd):
+            break
+        os.close(fd)  # the backup that held it finished (renamed or removed it) meanwhile: lock a new one
+    try:
+        yield
+    except BaseException:
+        if _same_file(partial, fd):  # failed before its archive writer existed: leave no empty `.partial`
+            partial.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 async def _iterate(summaries: list[RangeSummary]) -> AsyncIterator[RangeSummary]:
