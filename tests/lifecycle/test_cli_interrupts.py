@@ -97,3 +97,40 @@ def test_a_restore_whose_target_changed_meanwhile_says_what_to_do(
     assert main(["restore", "--backend", f"sqlite://{target}", "--in", str(archive)]) == Exit.DIFFERENT
     err = capsys.readouterr().err
     assert "VERIFICATION FAILED" in err and "server" in err and "delete" in err
+
+
+@pytest.mark.parametrize("failure", ["backend", "archive"])
+def test_a_restore_that_fails_mid_write_says_the_target_is_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failure: str
+) -> None:
+    """The target fails part-way (a throttled or unreachable table), or the
+    archive can no longer be read (its disk, a file replaced meanwhile):
+    items were written, so the message says the target holds part of the
+    archive and how to start over (a rerun is refused: not empty)."""
+    from fencepost_server.storage import BackendUnavailable
+    from fencepost_server.storage.sqlite import SqliteStorage
+
+    source = f"sqlite://{tmp_path / 'a.db'}"
+    fill(source)
+    archive = tmp_path / "backup.arch"
+    assert main(["backup", "--backend", source, "--out", str(archive), "--page", "10"]) == 0
+    real_import, calls = SqliteStorage.import_items, []
+
+    async def fails_after_the_first_chunk(self: SqliteStorage, items: list) -> None:  # type: ignore[type-arg]
+        calls.append(len(items))
+        if len(calls) == 2:
+            if failure == "backend":
+                raise BackendUnavailable("throttled")
+            archive.write_bytes(archive.read_bytes()[:200])  # the file changes under the restore
+        await real_import(self, items)
+
+    monkeypatch.setattr(SqliteStorage, "import_items", fails_after_the_first_chunk)
+    target = f"sqlite://{tmp_path / 'b.db'}"
+    code = main(["restore", "--backend", target, "--in", str(archive)])
+    assert code == (Exit.FAILED if failure == "backend" else Exit.CORRUPT)
+    err = capsys.readouterr().err
+    assert "part of the archive" in err and "delete" in err and target in err, err
+
+    monkeypatch.setattr(SqliteStorage, "import_items", real_import)
+    if failure == "backend":  # the rerun the message warns about
+        assert main(["restore", "--backend", target, "--in", str(archive)]) == Exit.REFUSED

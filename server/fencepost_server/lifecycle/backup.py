@@ -169,6 +169,7 @@ async def restore(
     except ArchiveError as exc:
         raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
     target = open_existing(url, may_create=True)
+    writing = False  # from the first item on, a failure leaves a partial target: say so
     try:
         if create_table:
             await ensure_table(target, url)
@@ -183,6 +184,7 @@ async def restore(
                 refuse_unfit(sizer, items, url)
         progress = Progress("restore", trailer.items, stream=stream)
         await target.reserve_versions(reader.header.watermarks)
+        writing = True
         for items in reader.chunks():
             await target.import_items(items)
             progress.advance(len(items))
@@ -190,10 +192,15 @@ async def restore(
         verification = await compare(tracked(_archive_pages(reader), Progress("verify", trailer.items, stream=stream)),
                                      target.export_items())
     except ArchiveError as exc:  # the file changed under us since it was verified
-        raise LifecycleError(f"{archive}: {exc}", Exit.CORRUPT) from exc
+        raise LifecycleError(f"{archive}: {exc}{_partial(url, writing)}", Exit.CORRUPT) from exc
     except StorageError as exc:
-        raise LifecycleError(f"restore into {url} failed: {exc}") from exc
+        raise LifecycleError(f"restore into {url} failed: {exc}{_partial(url, writing)}") from exc
     finally:
         await target.close()
     return RestoreReport(trailer.items, verification, loop.time() - started, reader.header, trailer.quiesced)
 
+
+def _partial(url: str, writing: bool) -> str:
+    """What a restore that failed after its first write left: a rerun is refused (not empty)."""
+    return (f". {url} may now hold part of the archive: {EMPTY_TARGET}, then run the command again"
+            if writing else "")
