@@ -100,3 +100,42 @@ async def test_a_backup_that_fails_before_writing_leaves_no_partial(tmp_path: Pa
     with pytest.raises(LifecycleError):
         await backup(source, tmp_path / "latest.arch", stream=io.StringIO())
     assert not list(tmp_path.glob("latest.arch*"))
+
+
+@pytest.mark.parametrize("suffix", ["arch", "arch.gz"])
+async def test_a_restore_reads_the_archive_it_verified_while_a_new_one_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """The nightly backup renames a new archive over the file a restore is
+    reading. The restore checked the old one's checksums (and, into
+    DynamoDB, its item sizes), then read the file again by name to write
+    it: it wrote the new archive, reported the old one's item count, header
+    and watermarks, and compared the store with the new one."""
+    from fencepost_server.lifecycle import restore
+    from fencepost_server.storage.sqlite import SqliteStorage
+
+    old_url, new_url = f"sqlite://{tmp_path / 'old.db'}", f"sqlite://{tmp_path / 'new.db'}"
+    await _fill(old_url, 30)
+    await _fill(new_url, 50)
+    out = tmp_path / f"latest.{suffix}"
+    await backup(old_url, out, page=10, stream=io.StringIO())
+    verified = ArchiveReader(out)
+    old_items = [i for chunk in verified.chunks() for i in chunk]
+    real_reserve = SqliteStorage.reserve_versions
+
+    async def next_backup_lands(self: SqliteStorage, tokens: Any) -> None:
+        monkeypatch.setattr(SqliteStorage, "reserve_versions", real_reserve)
+        await backup(new_url, out, page=10, stream=io.StringIO())  # renamed over the file being restored
+        await real_reserve(self, tokens)
+
+    monkeypatch.setattr(SqliteStorage, "reserve_versions", next_backup_lands)
+    target = f"sqlite://{tmp_path / 'restored.db'}"
+    report = await restore(target, out, stream=io.StringIO())
+    assert ArchiveReader(out).verify().items == 50  # the new archive is in place
+    storage = open_backend(target)
+    try:
+        restored = [i async for page in storage.export_items() for i in page]
+    finally:
+        await storage.close()
+    assert report.items == len(restored) == 30 and report.verification.same
+    assert restored == old_items

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import stat
+import weakref
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,14 +60,10 @@ def _quiesced_line(quiesced: bool) -> bytes:
 
 
 def _open(path: Path, mode: str) -> IO[bytes]:
-    """Writing: compressed when the name ends in `.gz`. Reading: compressed
-    when the file starts like gzip, whatever its name (archives get renamed)."""
-    if mode.startswith("r"):
-        with path.open("rb") as f:
-            compressed = f.read(2) == _GZIP_MAGIC
-    else:
-        compressed = path.name.endswith(".gz") or path.name.endswith(".gz.partial")
-        private.create_file(path)  # it holds every stored item
+    """For writing: compressed when the name ends in `.gz` (reading tells from
+    the file's first bytes, whatever its name: archives get renamed)."""
+    compressed = path.name.endswith(".gz") or path.name.endswith(".gz.partial")
+    private.create_file(path)  # it holds every stored item
     if compressed:
         return gzip.open(path, mode)  # type: ignore[return-value]
     return path.open(mode)
@@ -197,18 +194,35 @@ class ArchiveReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            with _open(path, "rb") as f:
+            # Every pass reads this one open file: an archive renamed over
+            # `path` meanwhile (the next backup) is not the one verified.
+            self._fd = os.open(path, os.O_RDONLY)
+            weakref.finalize(self, os.close, self._fd)
+            with self._reading() as f:
                 self.header = _header(f.readline())
         except (OSError, EOFError, zlib.error) as exc:
             raise _unreadable(exc) from exc
         self.trailer: Trailer | None = None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[IO[bytes]]:
+        """The file from its start; decompressed when it starts like gzip."""
+        with os.fdopen(os.dup(self._fd), "rb") as raw:  # (passes run one after another)
+            raw.seek(0)
+            compressed = raw.read(2) == _GZIP_MAGIC
+            raw.seek(0)
+            if not compressed:
+                yield raw
+                return
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f  # type: ignore[misc]
 
     def chunks(self, *, complete: bool = True) -> Iterator[list[Item]]:
         """Every chunk's items, in order. With `complete`, the trailer must
         close the archive and match it (else ArchiveError after the last chunk)."""
         self.trailer = None
         try:
-            with _open(self.path, "rb") as f:
+            with self._reading() as f:
                 first = f.readline()
                 digest = hashlib.sha256(first)
                 expected, count = 0, 0
