@@ -123,6 +123,8 @@ def sole_backup(out: Path) -> Iterator[None]:
             os.close(fd)
             raise LifecycleError(f"another backup is writing {out} right now (it holds {partial.name}): let it "
                                  "finish, or write this one to another file", Exit.REFUSED) from None
+        except OSError:  # a filesystem that keeps no locks (ENOLCK): written unguarded, as before
+            break
         if _same_file(partial, fd):
             break
         os.close(fd)  # the backup that held it finished (renamed or removed it) meanwhile: lock a new one
