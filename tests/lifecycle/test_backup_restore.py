@@ -224,6 +224,24 @@ async def test_backup_refuses_to_write_over_its_own_store(tmp_path: Path, suffix
         await storage.close()
 
 
+@pytest.mark.parametrize("store", ["live.snapshot.db", "live.partial", "live.snapshot.db.partial"])
+async def test_backup_refuses_an_out_whose_scratch_files_are_the_store(tmp_path: Path, store: str) -> None:
+    """The backup writes `FILE.partial` and `FILE.snapshot.db` beside the
+    archive and removes them when done: a store whose file has one of those
+    names was truncated or deleted (with its -wal and -shm) by a backup that
+    reported success."""
+    db = tmp_path / store
+    items = await _fill(f"sqlite://{db}", 20)
+    code = await _main("backup", "--backend", f"sqlite://{db}", "--out", str(tmp_path / "live"))
+    assert code == Exit.USAGE
+    assert db.exists() and not (tmp_path / "live").exists()
+    storage = open_backend(f"sqlite://{db}")
+    try:
+        assert await _items(storage) == items
+    finally:
+        await storage.close()
+
+
 def test_progress_draws_a_bar_on_a_terminal() -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:

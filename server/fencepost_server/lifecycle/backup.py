@@ -68,6 +68,9 @@ async def backup(url: str, out: Path, *, page: int = EXPORT_PAGE, stream: TextIO
     snapshot_file = out.with_name(out.name + ".snapshot.db")
     refuse_memory(url)
     refuse_own_files(url, out, "--out")
+    for scratch in (out.with_name(out.name + ".partial"), snapshot_file,
+                    snapshot_file.with_name(snapshot_file.name + ".partial")):  # written, then removed
+        refuse_own_files(url, scratch, f"--out {out}: the backup's scratch file")
     refuse_unwritable_out(out)
     with sole_backup(out):
         try:
