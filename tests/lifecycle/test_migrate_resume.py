@@ -209,3 +209,24 @@ async def test_a_run_that_died_before_its_first_checkpoint_resumes_from_its_snap
     finally:
         await dst.close()
     assert not report.verification.same  # the live source moved on: exit 5 says so
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+async def test_a_store_among_the_work_directorys_files_is_a_usage_error(tmp_path: Path, side: str) -> None:
+    """The work directory's snapshot is written over and, once verified,
+    deleted: a source stored under that name was deleted by a migration that
+    said to keep it until satisfied (a target, replaced by the snapshot)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    inside, other = work / "source-snapshot.db", tmp_path / "other.db"
+    source, target = (inside, other) if side == "source" else (other, inside)
+    url = await _source(source, 10)
+    proc = _migrate(url, f"sqlite://{target}", work)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "--work-dir" in err, err
+    assert source.exists() and not (work / "checkpoint.json").exists()
+    storage = open_backend(url)
+    try:
+        assert len([i async for page in storage.export_items() for i in page]) == 10
+    finally:
+        await storage.close()

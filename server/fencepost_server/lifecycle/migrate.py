@@ -45,6 +45,7 @@ from .stores import (
     is_empty,
     open_existing,
     refuse_memory,
+    refuse_own_files,
     refuse_unusable_sqlite,
     remove_sqlite_files,
     source,
@@ -53,6 +54,8 @@ from .stores import (
 from .verify import Comparison, compare
 
 DEFAULT_WORK_ROOT = Path(".fencepost-migrate")
+#: the work directory's files (each also written as NAME.partial first)
+CHECKPOINT, SNAPSHOT = "checkpoint.json", "source-snapshot.db"
 
 
 @dataclass
@@ -180,6 +183,10 @@ async def migrate(
     refuse_unusable_sqlite(source_url)  # before the target or a checkpoint is made
     refuse_unusable_sqlite(target_url, may_create=True)
     work = work_dir or work_dir_for(source_url, target_url)
+    for url in (source_url, target_url):  # the snapshot is written over, then deleted
+        for name in (CHECKPOINT, SNAPSHOT):
+            for scratch in (work / name, work / f"{name}.partial"):
+                refuse_own_files(url, scratch, f"--work-dir {work}: its")
     fresh = not work.exists()
     try:
         private.make_dirs(work)  # its snapshot holds every stored item
@@ -198,7 +205,7 @@ async def migrate(
 async def _migrate(
     source_url: str, target_url: str, work: Path, page: int, create_table: bool, stream: TextIO | None
 ) -> MigrationReport:
-    checkpoint_file = work / "checkpoint.json"
+    checkpoint_file = work / CHECKPOINT
     checkpoint = Checkpoint.load(checkpoint_file, source_url, target_url)
     loop = asyncio.get_running_loop()
     if sqlite_path(source_url) is None:  # (a SQLite source file was checked up front)
@@ -230,7 +237,7 @@ async def _migrate(
             reuse = checkpoint.copied > 0 or checkpoint.phase != "copy" or not await is_empty(target)
         resumed_after = checkpoint.copied
         already_done = checkpoint.phase != "copy"  # also after a failed verification: only verify again
-        async with source(source_url, work / "source-snapshot.db", reuse=reuse, keep=True) as src:
+        async with source(source_url, work / SNAPSHOT, reuse=reuse, keep=True) as src:
             started = loop.time()
             if checkpoint.phase == "copy":
                 await _copy_phase(src, target, checkpoint, page, stream, target_url)
