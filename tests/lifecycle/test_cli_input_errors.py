@@ -71,3 +71,35 @@ def test_restore_says_what_archive_it_restored_and_warns_when_its_source_was_not
     out, err = capsys.readouterr()
     assert "dynamodb" in out and "2026-01-02T03:04:05+00:00" in out
     assert "not quiesced" in err or "changed while" in err
+
+
+def test_a_v1_snapshot_archive_restores_without_a_mixed_points_in_time_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A v1 archive's `quiesced` flag is covered by no hash, so it reads as
+    False; but its header (hashed in v1 too) says it was a point-in-time
+    snapshot, which cannot hold two points in time: the restore warned that
+    it might."""
+    import hashlib
+    import json
+
+    from fencepost_server.lifecycle import ArchiveWriter, Header
+    from fencepost_server.storage import Item
+
+    archive = tmp_path / "v1.arch"
+    writer = ArchiveWriter(archive, Header("sqlite", "snapshot", v=1))
+    writer.write([Item("t/kv/a", b"1", "v1"), Item("t/kv/b", b"2", "v2")])
+    writer.finish(quiesced=True)
+    lines = archive.read_bytes().splitlines(keepends=True)
+    digest = hashlib.sha256(lines[0])  # v1: the header line and the chunk hashes only
+    for line in lines[1:-1]:
+        digest.update(json.loads(line)["sha256"].encode())
+    trailer = json.loads(lines[-1])
+    trailer["sha256"] = digest.hexdigest()
+    lines[-1] = (json.dumps(trailer, separators=(",", ":")) + "\n").encode()
+    archive.write_bytes(b"".join(lines))
+
+    assert main(["restore", "--backend", f"sqlite://{tmp_path / 'b.db'}", "--in", str(archive)]) == 0
+    out, err = capsys.readouterr()
+    assert "a snapshot archive of a sqlite store" in out
+    assert "quiesced" not in err and "two points in time" not in err, err

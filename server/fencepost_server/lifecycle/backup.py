@@ -202,7 +202,9 @@ async def restore(
         raise LifecycleError(f"restore into {url} failed: {exc}{_partial(url, writing)}") from exc
     finally:
         await target.close()
-    return RestoreReport(trailer.items, verification, loop.time() - started, reader.header, trailer.quiesced)
+    # a snapshot is one point in time whatever a v1 trailer's unprotected flag says (its header is hashed)
+    quiesced = trailer.quiesced or reader.header.consistency == "snapshot"
+    return RestoreReport(trailer.items, verification, loop.time() - started, reader.header, quiesced)
 
 
 def _partial(url: str, writing: bool) -> str:
