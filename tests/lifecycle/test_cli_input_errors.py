@@ -103,3 +103,38 @@ def test_a_v1_snapshot_archive_restores_without_a_mixed_points_in_time_warning(
     out, err = capsys.readouterr()
     assert "a snapshot archive of a sqlite store" in out
     assert "quiesced" not in err and "two points in time" not in err, err
+
+
+@pytest.mark.parametrize("command", ["backup", "restore", "migrate --from", "migrate --to"])
+def test_a_sqlite_file_of_another_application_is_named_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """A path slip naming another program's SQLite database: backing it up
+    reported "0 items" (exit 0), and restoring or migrating into it wrote
+    fencepost's tables into that database, which is not empty, beside its own."""
+    import sqlite3
+
+    other = tmp_path / "other-app.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('alice')")
+    conn.close()
+    before = other.read_bytes()
+    ours = tmp_path / "fencepost.db"
+    fill(f"sqlite://{ours}")
+    archive = tmp_path / "x.arch"
+    assert main(["backup", "--backend", f"sqlite://{ours}", "--out", str(archive)]) == 0
+    capsys.readouterr()
+    argv = {
+        "backup": ["backup", "--backend", f"sqlite://{other}", "--out", str(tmp_path / "y.arch")],
+        "restore": ["restore", "--backend", f"sqlite://{other}", "--in", str(archive)],
+        "migrate --from": ["migrate", "--from", f"sqlite://{other}", "--to", f"sqlite://{tmp_path / 'new.db'}",
+                           "--work-dir", str(tmp_path / "w")],
+        "migrate --to": ["migrate", "--from", f"sqlite://{ours}", "--to", f"sqlite://{other}",
+                         "--work-dir", str(tmp_path / "w")],
+    }[command]
+    assert main(argv) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert str(other) in err and "not a fencepost store" in err and "users" in err, err
+    assert other.read_bytes() == before
+    assert not (tmp_path / "y.arch").exists() and not (tmp_path / "new.db").exists()

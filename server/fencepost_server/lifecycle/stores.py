@@ -84,11 +84,36 @@ def refuse_unusable_sqlite(url: str, *, may_create: bool = False) -> None:
     if path.is_dir():
         raise LifecycleError(f"{path} is a directory, not a SQLite file (a server's file is fencepost.db in its "
                              f"--state-root: sqlite://{path / 'fencepost.db'})", Exit.USAGE)
+    foreign = _foreign_tables(path)
+    if foreign:  # opening it would add fencepost's tables to another program's database
+        raise LifecycleError(f"{path} is a SQLite database but not a fencepost store (its tables: "
+                             f"{', '.join(foreign)}): check the path", Exit.USAGE)
     if not may_create and not path.exists():
         # sqlite://tmp/x.db names the relative path tmp/x.db: the usual slip for sqlite:///tmp/x.db
         hint = "" if path.is_absolute() else (f" (a relative path, from {Path.cwd()}; an absolute path takes three "
                                               f"slashes: sqlite:///{path})")
         raise LifecycleError(f"no SQLite file at {path}{hint}", Exit.USAGE)
+
+
+def _foreign_tables(path: Path) -> list[str]:
+    """The tables of an existing SQLite file that holds some but no `kv`
+    table (empty for a fencepost store, a new file, or one SQLite cannot read:
+    opening it says why)."""
+    import sqlite3
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return []
+    try:
+        # immutable: reads the main file only, creating no -wal / -shm and taking no lock
+        # (a table still only in a WAL is missed: then nothing is refused, as before)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            names = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+    return [] if "kv" in names else names
 
 
 def open_existing(url: str, *, may_create: bool = False) -> Storage:
