@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): a backup runs unguarded there, as before
+    fcntl = None  # type: ignore[assignment]
 
 from ..storage import EXPORT_PAGE, Item, StorageError, private
 from .archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
@@ -120,6 +124,8 @@ def sole_backup(out: Path) -> Iterator[None]:
     partial = out.with_name(out.name + ".partial")
     while True:
         fd = os.open(partial, os.O_CREAT | os.O_WRONLY, private.FILE_MODE)
+        if fcntl is None:
+            break
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
