@@ -19,8 +19,10 @@ import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger("fencepost.security")
 
@@ -85,6 +87,20 @@ def _field(entry: dict[str, str], name: str, n: int, where: str, shape: str) -> 
     return value
 
 
+T = TypeVar("T")
+
+
+def _attempt(load: Callable[[], T], path: Path, strict: bool) -> T | None:
+    """`load()`, or None (logged) when the file does not load; `strict` raises instead."""
+    try:
+        return load()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if strict:
+            raise
+        log.error("%s not reloaded, keeping its previous entries: %s", path, exc)
+        return None
+
+
 class IdentityMap:
     def __init__(self, tokens_file: Path | None = None, spiffe_file: Path | None = None) -> None:
         self.tokens_file = tokens_file
@@ -100,22 +116,10 @@ class IdentityMap:
         map, and the other still takes effect (a bad edit of the SPIFFE map
         must not keep a token revoked in a tokens file that parsed)."""
         loaded = False
-        if self.tokens_file:
-            try:
-                self._tokens = self._load_tokens()
-                loaded = True
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                if strict:
-                    raise
-                log.error("tokens file not reloaded, keeping the previous tokens: %s", exc)
-        if self.spiffe_file:
-            try:
-                self._spiffe = self._load_spiffe()
-                loaded = True
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                if strict:
-                    raise
-                log.error("SPIFFE map not reloaded, keeping the previous map: %s", exc)
+        if self.tokens_file and (tokens := _attempt(self._load_tokens, self.tokens_file, strict)) is not None:
+            self._tokens, loaded = tokens, True
+        if self.spiffe_file and (spiffe := _attempt(self._load_spiffe, self.spiffe_file, strict)) is not None:
+            self._spiffe, loaded = spiffe, True
         if loaded:
             self.generation += 1
             log.info("identities loaded: %d token(s), %d SPIFFE id(s)", len(self._tokens), len(self._spiffe))
