@@ -182,8 +182,9 @@ class Retention:
             return False  # not a session id: a stray key, left alone
         if sk.root != root:
             return False  # an id naming another agent: a stray key, left alone
-        # read before the checks: the delete applies only if no grant and no
-        # commit moved them since (a holder taking the session up meanwhile keeps it)
+        # read before the checks: the delete applies only if no grant, no renewal
+        # and no commit moved them since (a holder taking the session up meanwhile
+        # keeps it; a renewal of an expired lease moves the lease, not the generation)
         gen, head = await asyncio.gather(self.storage.get(sk.gen), self.storage.get(sk.head))
         if gen is None or head is None:
             return False  # gone meanwhile
@@ -194,7 +195,8 @@ class Retention:
         if act is not None and act.last_micros >= before * 1e6:
             return False  # its index entry lagged a commit (now settled): not idle
         try:
-            await self.ledger.delete_session(tenant, sid, unchanged={sk.gen: gen.version, sk.head: head.version})
+            seen = {sk.gen: gen.version, sk.head: head.version, sk.lease: lease.version if lease else ""}
+            await self.ledger.delete_session(tenant, sid, unchanged=seen)
             return True
         except DomainError:  # live forks, pending events, gone meanwhile, contended: next pass
             return False

@@ -69,8 +69,9 @@ class EraseMethods(SessionMethods):
         then sweep each. A session already tombstoned but not yet swept is
         swept again (a retried delete succeeds); one fully gone is
         SESSION_NOT_FOUND. `unchanged` (key -> version, of the session's `gen`
-        and `head`): delete only if neither moved since the caller read them
-        (retention decided on them), else TXN_CONTENDED and nothing is done."""
+        and `head`, and of its `lease`, "" when there was none): delete only if
+        none moved since the caller read them (retention decided on them), else
+        TXN_CONTENDED and nothing is done."""
         doomed = await self.tombstone(tenant, sid, force=force, descendants=descendants, unchanged=unchanged)
         removed = 0
         for each in doomed:
@@ -140,11 +141,16 @@ class EraseMethods(SessionMethods):
             checks: list[Check] = [
                 Check(sk.forks, Expect(exists=False) if forks_i is None else Expect(version=forks_i.version))
             ]
-            # with `unchanged`, a commit since the caller's decision (head moved) fails the tombstone
+            # with `unchanged`, a commit since the caller's decision (head moved) fails the
+            # tombstone, and so does a renewal (the lease moved, the generation did not)
             head_expect = None if unchanged is None else Expect(version=unchanged.get(sk.head))
+            lease_expect = None
+            if unchanged is not None and sk.lease in unchanged:
+                seen = unchanged[sk.lease]
+                lease_expect = Expect(version=seen) if seen else Expect(exists=False)
             writes: list[Write] = [
                 Put(sk.gen, erased_value(parse_gen(gen_i.value)[0] + 1), Expect(value=gen_i.value)),
-                Delete(sk.meta), Delete(sk.head, head_expect), Delete(sk.lease),
+                Delete(sk.meta), Delete(sk.head, head_expect), Delete(sk.lease, lease_expect),
                 Delete(identity_key(sk.tenant, sk.agent, meta.key), Expect(value=sk.sid.encode())),
                 Put(sk.erase, dumps({"tenant": sk.tenant, "parent": meta.parent, "t": self.clock()})),
             ]
