@@ -19,7 +19,9 @@ Phases:
 - fence: every session in scope is tombstoned and swept, as DeleteSession
   with force and delete_descendants (so a paused holder's next write
   fails, and the ledger's global entries of each session go too). Sessions
-  are found by walking the scope's keys with skips: one list per session.
+  are found by walking the scope's keys with skips: one list per session;
+  then an agent's sessions whose DeleteSession was cut short after their own
+  keys went (blobs and to-do entry left under `#/`) are swept too.
 - sweep: every key left under the scope's prefixes is deleted in batches
   (journal and archives, memory, evals, author KV, ...); a tenant's request-id
   markers and ledger index entries under `#/` go too.

@@ -17,7 +17,9 @@ from ..storage import Storage
 from .errors import NotFound
 from .keys import GLOBAL_PREFIX, TenantKeys
 from .ledger import Ledger
-from .ledger.layout import BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_root, digest
+from .ledger.layout import (
+    BLOB_PREFIX, ERASE_PREFIX, PENDING_PREFIX, PENDING_SHARDS, agent_of, agent_root, digest,
+)
 from .prefix import erase_prefix
 
 log = logging.getLogger("fencepost.erasure")
@@ -148,6 +150,11 @@ class EraseSteps:
         for _ in range(64):  # bounded: progress is saved at least every 64 lists
             keys = await self.storage.list_keys(scope, start, 1)  # type: ignore[arg-type]
             if not keys:
+                if agent is not None:
+                    if not claim_held():
+                        state["cursor"] = start
+                        return
+                    await self._finish_cut_short(tenant, agent, state)
                 state["phase"], state["cursor"] = "sweep", 0
                 return
             key = keys[0]
@@ -169,6 +176,30 @@ class EraseSteps:
             state["cursor"] = m.group(0) + _END
             return
         state["cursor"] = start
+
+    async def _finish_cut_short(self, tenant: str, agent: str, state: dict[str, object]) -> None:
+        """Sweep the agent's sessions whose DeleteSession was cut short after
+        its sweep removed the session's own keys: the walk finds nothing of
+        them under the agent, but their payload blobs and to-do entries are
+        under `#/ledger/`, named by session id (a tenant erasure sweeps those
+        prefixes whole). Idempotent, as every sweep."""
+        enc = encode_segment(tenant)
+        for shard in range(PENDING_SHARDS):
+            prefix, start = f"{ERASE_PREFIX}{shard:02x}/{enc}/", None
+            while True:
+                keys = await self.storage.list_keys(prefix, start, 1000)
+                for key in keys:
+                    sid = key[len(prefix):]
+                    try:
+                        ours = agent_of(sid) == agent
+                    except NotFound:
+                        ours = False  # not a session id: not a DeleteSession's entry
+                    if ours:
+                        swept = await self.ledger.sweep_session(tenant, sid)
+                        state["erased"] = int(state["erased"]) + swept  # type: ignore[call-overload]
+                if len(keys) < 1000:
+                    break
+                start = keys[-1]
 
     async def _prefixes(self, tenant: str, agent: str | None) -> list[str]:
         """Every prefix the sweep phase empties, in a stable order."""
