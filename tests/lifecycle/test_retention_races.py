@@ -3,9 +3,14 @@ holder does between retention's idle checks and its delete keeps the session."""
 
 from __future__ import annotations
 
+import pytest
+
+from fencepost_server.domain.errors import DomainError
 from fencepost_server.domain.journal import Journal
+from fencepost_server.domain.kv import KvStore
 from fencepost_server.domain.ledger import Ledger
 from fencepost_server.domain.limits import Limits
+from fencepost_server.domain.requests import RequestLog
 from fencepost_server.domain.retention import Retention, RetentionConfig
 from fencepost_server.storage import Storage
 from tests.domain.test_ledger import FakeClock
@@ -43,3 +48,25 @@ async def test_a_lease_renewed_during_the_idle_check_keeps_the_session(storage: 
     # the holder's lease is live and its writes land
     await ledger.commit(T, sid, lease.generation, 0, [b"work"])
     assert (await ledger.get(T, sid)).seq == 1
+
+
+async def test_a_kv_key_of_the_highest_code_point_does_not_stall_the_walk(storage: Storage) -> None:
+    """A KV key is the caller's own text: one starting with U+10FFFF sorts
+    after the walk's "past this subtree" bound, and the walk must still step
+    past it to the tenants behind it, whose idle sessions go."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    journal = Journal(storage, Limits())
+    kv = KvStore(storage, Limits(), RequestLog(storage))
+    await kv.put("a-tenant", "\U0010ffff-and-more", b"v")
+    sid = (await ledger.open("b-tenant", "agent", "idle"))[0].session_id
+    clock.now += 3 * HOUR
+    retention = Retention(storage, ledger, journal, RetentionConfig(idle_session_seconds=2 * HOUR, batch=50),
+                          clock=clock)
+    erased = 0
+    for _ in range(3):
+        erased += (await retention.sweep_pass()).sessions_erased
+    assert erased == 1
+    assert await kv.get("a-tenant", "\U0010ffff-and-more") is not None
+    with pytest.raises(DomainError):
+        await ledger.get("b-tenant", sid)

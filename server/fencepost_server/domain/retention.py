@@ -40,6 +40,7 @@ from urllib.parse import unquote
 from fencepost.keys import encode_segment
 
 from ..storage import Storage
+from ..storage.base import prefix_end
 from .errors import DomainError
 from .journal import Journal
 from .ledger import Ledger
@@ -250,5 +251,7 @@ def _skip(segments: list[str], key: str) -> str:
             return key  # an agentkit key too short to name an agent: step past it
         return "/".join(segments[:3]) + "/" + _END  # another subsystem: agentkit may follow
     if len(segments) >= 2:
-        return "/".join(segments[:2]) + "/" + _END
+        # a KV key is the caller's text and may itself start with _END: past the
+        # whole subtree (only the one key equal to the bound, no agent's, is passed over)
+        return prefix_end("/".join(segments[:2]) + "/") or key
     return key
