@@ -1,6 +1,6 @@
-"""An agent erasure meeting what a DeleteSession cut short left behind, on
-every backend: the erasure finishes it, so nothing of the agent's sessions
-is left when it says done."""
+"""What a DeleteSession cut short leaves behind, on every backend: an agent
+erasure, or the retried delete, finishes it, so nothing of those sessions is
+left when it says done (or returns)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,39 @@ async def test_an_agent_erasure_finishes_a_delete_cut_short_after_the_sessions_k
     assert (await eraser.get(T, op.name)).done
     assert raw_keys_naming(storage, sid) == []
     assert [k for k in raw_keys_naming(storage, kept) if k.startswith("#/ledger/blob/")]  # another agent's stay
+
+
+class Cut(Exception):
+    pass
+
+
+async def test_a_retried_delete_with_descendants_finishes_the_forks_it_tombstoned(storage: Storage) -> None:
+    """DeleteSession with delete_descendants tombstones the forks, then the
+    parent, then sweeps each, forks first. Cut short while a fork's sweep
+    runs, the retry finds the parent tombstoned: when it returns, the forks'
+    items must be gone too, not left to the janitor."""
+    clock = FakeClock()
+    ledger = Ledger(storage, clock=clock)
+    parent = (await ledger.open(T, "agent", "parent"))[0].session_id
+    lease = await ledger.acquire(T, parent, "h", ttl=30)
+    await ledger.commit(T, parent, lease.generation, 0, [b"r1", b"r2"])
+    child = (await ledger.fork(T, parent, 1, "child")).session_id
+    grandchild = (await ledger.fork(T, child, 1, "grandchild")).session_id
+    await ledger.deliver(T, session_id=grandchild, payload=b"P" * (70 * 1024))
+
+    real_sweep = ledger.sweep_session
+
+    async def cut_in_the_first_sweep(tenant: str, sid: str) -> int:
+        await ledger.delete_prefix(ledger.keys(tenant, sid).log)  # part of it, then the cut
+        raise Cut
+
+    ledger.sweep_session = cut_in_the_first_sweep  # type: ignore[method-assign]
+    try:
+        await ledger.delete_session(T, parent, force=True, descendants=True)
+    except Cut:
+        pass
+    ledger.sweep_session = real_sweep  # type: ignore[method-assign]
+
+    retried = await ledger.delete_session(T, parent, force=True, descendants=True)
+    assert parent in retried.session_ids
+    assert raw_keys_naming(storage, parent, child, grandchild) == []

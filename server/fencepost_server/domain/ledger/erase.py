@@ -119,6 +119,7 @@ class EraseMethods(SessionMethods):
             )
             if meta_i is None or gen_i is None or is_erased(gen_i.value):
                 if await self.storage.get(sk.erase) is not None:
+                    await self._unswept_forks(sk, out)
                     out.append(sk.sid)  # tombstoned already: sweep it again
                     return
                 raise session_not_found(sk.sid)
@@ -161,6 +162,7 @@ class EraseMethods(SessionMethods):
                 await self.prove_inbox_empty(sk, pending_i, checks, writes, "drain them, or delete with force")
             res = await self.storage.transact(checks, writes)
             if res.applied:
+                await self._unswept_forks(sk, out)
                 self._identities.drop(identity_key(sk.tenant, sk.agent, meta.key))
                 self.remember_lease(sk.lease, None)
                 self.notify(sk.sid)  # watchers see the tombstone now
@@ -171,6 +173,29 @@ class EraseMethods(SessionMethods):
                 raise contended("DeleteSession")  # the caller decides again, on what it reads then
             # a grant, a delivery or a fork raced the tombstone: decide again
         raise contended("DeleteSession")
+
+    async def _unswept_forks(self, sk: SessionKeys, out: list[str]) -> None:
+        """Add to `out` (descendants first) the forks tombstoned but not yet
+        swept (a DeleteSession cut short between its tombstones and the end
+        of its sweeps): a retried delete of the tree sweeps them too, rather
+        than leaving them to the janitor. A fork's sweep removes its entry in
+        the parent last but one, so an entry whose fork has no head names one."""
+        for child in await self._fork_entries(sk):
+            if child in out:
+                continue
+            ck = self.keys(sk.tenant, child)
+            if await self.storage.get(ck.head) is None and await self.storage.get(ck.erase) is not None:
+                await self._unswept_forks(ck, out)
+                out.append(child)
+
+    async def _fork_entries(self, sk: SessionKeys) -> list[str]:
+        out, start = [], None
+        while True:
+            keys = await self.storage.list_keys(sk.fork_entries, start, _LIST)
+            out += [k[len(sk.fork_entries):] for k in keys]
+            if len(keys) < _LIST:
+                return out
+            start = keys[-1]
 
     async def live_forks(self, sk: SessionKeys) -> list[str]:
         """Forks of the session that are not tombstoned (their head exists)."""
