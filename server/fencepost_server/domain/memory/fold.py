@@ -141,7 +141,8 @@ class Fold:
         #: the version of the record at `head`, as the store last gave it (how a
         #: catch-up tells the lane it folded from one erased and refilled: a
         #: key written again never gets an old version back, while its bytes
-        #: may repeat, as an import's record does)
+        #: may repeat, as an import's record does); a write lands only while
+        #: that record is still stored at it, so one racing an erasure fails
         self.head_version = ""
         self.entries: dict[str, Entry] = {}
         self.tombstoned: set[str] = set()

@@ -3,14 +3,15 @@
 Key layout under the agent (`TenantKeys.agent(agent)` + `memory/`):
 
     lane/{position:020d}    one record per entry / tombstone / pin / unpin /
-                            trust change, written with put_if_absent
+                            trust change, written only where absent
     usage/{encoded id}      recall statistics, a derived index (losing it
                             loses statistics, never memories)
 
 Every write is decided on a fold that holds every record up to position
-`head`, then appended at `head + 1` with put_if_absent. When that position is
-taken (another coroutine or another replica wrote first) the fold catches up
-and the decision is made again. So the lane is linearized: each record was
+`head`, then appended at `head + 1` if absent, while the record at `head` is
+still stored at the version folded. When that position is taken (another
+coroutine or another replica wrote first), or the lane was erased meanwhile,
+the fold catches up and the decision is made again. So the lane is linearized: each record was
 decided against exactly the records before it, and a pin that would not fit,
 a supersedes that no longer names a live entry, or a retried request id is
 seen before anything is appended. Positions never repeat and never leave a
@@ -36,7 +37,7 @@ from typing import Any, TypeVar
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ...storage import Expect, PersistenceUncertain, Put, Storage
+from ...storage import Check, Expect, PersistenceUncertain, Put, Storage
 from ..errors import Aborted, InvalidArgument, NotFound
 from ..keys import TenantKeys, check_erasable_agent
 from ..limits import Limits
@@ -229,15 +230,19 @@ class MemoryStore:
                 return decision.finish(folded)
             base = folded.head
             payloads = [encode_record(r) for r in decision.records]
-            if len(payloads) == 1:
+            if len(payloads) == 1 and not base:
                 put = await self.storage.put_if_absent(f"{lane}{base + 1:020d}", payloads[0])
                 applied, version = put.applied, put.version
             else:
                 writes = [
                     Put(f"{lane}{base + i + 1:020d}", p, Expect(exists=False)) for i, p in enumerate(payloads)
                 ]
-                txn = await self.storage.transact((), writes)
-                applied, version = txn.applied, txn.versions[-1] if txn.versions else None
+                # the record decided on must still be stored: a lane erased since the
+                # fold caught up would otherwise take this write into its empty lane,
+                # and the fold would go on serving what was erased
+                head = [Check(f"{lane}{base:020d}", Expect(version=folded.head_version))] if base else []
+                txn = await self.storage.transact(head, writes)
+                applied, version = txn.applied, txn.versions[-1] if txn.applied and txn.versions else None
             if applied:
                 for i, rec in enumerate(decision.records):
                     folded.apply(base + i + 1, rec)
@@ -385,7 +390,7 @@ class MemoryStore:
         self, tenant: str, agent: str, entries: Sequence[Entry], forgotten: Collection[str] = ()
     ) -> ImportResult:
         """Append entries verbatim (validated first: a refusal writes nothing),
-        skipping ids the agent already holds. Chunks of up to 100 records, each
+        skipping ids the agent already holds. Chunks of up to 99 records, each
         one atomic transaction; a re-run is a no-op. An entry whose id is in
         `forgotten` (Audit marks it so) comes in tombstoned, its forget record
         in the same transaction: an Audit -> Import round trip never brings a
@@ -424,7 +429,7 @@ class MemoryStore:
         imported = 0
         skipped: list[str] = []
         forgotten = frozenset(forgotten)
-        for chunk in _chunks(cleaned, forgotten, self.limits.max_txn_ops):
+        for chunk in _chunks(cleaned, forgotten, self.limits.max_txn_ops - 1):  # one op checks the head record
 
             def decide(folded: Fold, at: int, chunk: list[Entry] = chunk) -> _Decision:
                 records: list[dict[str, Any]] = []
