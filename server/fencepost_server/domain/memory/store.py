@@ -541,7 +541,7 @@ class MemoryStore:
         ]
         found = ranking.rank(found, tokens, applied, folded)
         picked, truncated = rules.bound_in_order(found, rules.clamp_search_limit(limit))
-        usage = await self._bump_usage(tenant, agent, [e.id for e in picked], at)
+        usage = await self._bump_usage(tenant, agent, [e.id for e in picked], at, folded)
         return ReadResult(
             [self._present(folded, e, at, view.superseded, usage.get(e.id)) for e in picked], truncated, "", applied
         )
@@ -584,12 +584,18 @@ class MemoryStore:
                 out[eid] = usage
         return out
 
-    async def _bump_usage(self, tenant: str, agent: str, ids: list[str], at: int) -> dict[str, Usage]:
+    async def _bump_usage(
+        self, tenant: str, agent: str, ids: list[str], at: int, folded: Fold
+    ) -> dict[str, Usage]:
         """Count one recall of each entry. Statistics only: under sustained
-        contention a bump may be dropped (logged), never a memory."""
+        contention a bump may be dropped (logged), never a memory. Only while
+        the fold's head record is still stored as folded (records are never
+        rewritten: it goes only with an erasure of the lane, whose entries'
+        statistics must not be written behind it)."""
         if not ids:
             return {}
         keys = [self._usage_key(tenant, agent, i) for i in ids]
+        lane = [Check(f"{self._lane(tenant, agent)}{folded.head:020d}", Expect(version=folded.head_version))]
         for _ in range(_USAGE_ATTEMPTS):
             items = await asyncio.gather(*(self.storage.get(k) for k in keys))
             out: dict[str, Usage] = {}
@@ -601,7 +607,10 @@ class MemoryStore:
                 value = json.dumps({"n": new.recall_count, "at": new.last_recalled_at}).encode()
                 writes.append(Put(key, value, Expect(version=item.version) if item else Expect(exists=False)))
             try:
-                applied = (await self.storage.transact((), writes)).applied
+                res = await self.storage.transact(lane, writes)
+                if 0 in res.failed:
+                    return {}  # the lane was erased since the search folded it
+                applied = res.applied
             except PersistenceUncertain:
                 # counted or not: the search answers without the counts (retrying could count twice)
                 log.warning("memory usage bump for %d entries of unknown outcome", len(ids), exc_info=True)
