@@ -348,3 +348,39 @@ async def test_acquire_by_generation_decides_on_the_stored_lease_not_a_remembere
     assert await two.release(T, sid, g) == 0
     again = await one.acquire(T, sid, "A", ttl=10, generation=g)
     assert (again.holder, again.generation) == ("A", g + 1)
+
+
+class _MetaUnreadable(ObservedStorage):
+    """Reads of `meta_key` fail while `failing` (the backend became unavailable)."""
+
+    def __init__(self, inner: Storage, meta_key: str) -> None:
+        super().__init__(inner, lambda *_: None)
+        self.meta_key, self.failing = meta_key, False
+
+    async def get(self, key):  # type: ignore[no-untyped-def]
+        if self.failing and key == self.meta_key:
+            raise BackendUnavailable("injected: the read after the grant fails")
+        return await self.inner.get(key)
+
+
+async def test_a_claim_answered_with_an_error_leaves_its_holder_no_lease(storage: Storage) -> None:
+    """ClaimOrphan grants the lease, then reads the session back for its
+    answer. When that read fails the caller gets an error and never learns
+    the session id: the lease it was granted is given back (the events stay
+    pending), so the session is offered again at the next scan instead of
+    sitting held by a worker that does not know it for a whole ttl."""
+    plain = Ledger(storage)
+    sid = await _session(plain, "orphan")
+    flaky = _MetaUnreadable(storage, plain.keys(T, sid).meta)
+    ledger = Ledger(flaky)
+    await ledger.deliver(T, session_id=sid, payload=b"e")  # never leased: an orphan at once
+    await ledger.janitor.scan()
+    flaky.failing = True
+    with pytest.raises(BackendUnavailable):
+        await ledger.janitor.claim(T, "W", 600, 0)
+    flaky.failing = False
+    lease = (await Ledger(storage).get(T, sid)).lease
+    assert lease.released, lease  # not held by "W" for 600 s
+    await ledger.janitor.scan()
+    claimed = await ledger.janitor.claim(T, "W2", 10, 0)  # offered again, event still pending
+    assert claimed is not None and claimed.session_id == sid and claimed.pending == 1

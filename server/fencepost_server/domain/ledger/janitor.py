@@ -21,6 +21,7 @@ finishing one session at once only delete the same keys twice).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -28,7 +29,8 @@ from collections.abc import Callable
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ...storage import Check, Delete, Expect, Item
+from ...storage import Check, Delete, Expect, Item, StorageError
+from ..errors import DomainError
 from ..throttled_log import ThrottledWarning
 from .core import LedgerBase, SessionView, bad, require_holder
 from .layout import (
@@ -233,9 +235,19 @@ class Janitor:
                 sk = SessionKeys(tenant, orphan.sid)
                 granted = await self.ledger.grant(sk, orphan.lease, holder, ttl)  # type: ignore[attr-defined]
                 if granted is not None:
+                    try:
+                        claimed = await self.ledger.get(tenant, orphan.sid)  # type: ignore[attr-defined]
+                    except StorageError:
+                        # The caller is answered an error and never learns the session:
+                        # give the lease back (its events stay pending) so the next scan
+                        # offers it again, rather than a whole ttl held by nobody at work.
+                        with contextlib.suppress(DomainError, StorageError):
+                            await self.ledger.release(  # type: ignore[attr-defined]
+                                tenant, orphan.sid, granted.generation, force=True)
+                        raise
                     self.stats.orphans_recovered += 1
                     self.ledger.events("janitor.orphans_recovered")
-                    return await self.ledger.get(tenant, orphan.sid)  # type: ignore[attr-defined,no-any-return]
+                    return claimed  # type: ignore[no-any-return]
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ledger.draining:
                 return None
