@@ -119,8 +119,10 @@ class FaultyStorage(Storage):
     async def get_with_version(self, key: str) -> Item | None:
         return await self._read("get_with_version", lambda: self.inner.get_with_version(key))
 
-    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
-        return await self._read("list", lambda: self.inner.list(prefix, start_after, limit))
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
+    ) -> list[Item]:
+        return await self._read("list", lambda: self.inner.list(prefix, start_after, limit, max_bytes))
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
         return await self._read("list_keys", lambda: self.inner.list_keys(prefix, start_after, limit))

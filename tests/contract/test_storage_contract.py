@@ -293,3 +293,32 @@ async def test_transaction_byte_limit_is_one_count_on_every_backend(storage: Sto
     exact = [*over[:15], Put(keys[15], b"v" * last)]
     assert (await storage.transact(checks, exact)).applied
     assert await storage.list_keys("p") == keys
+
+
+async def test_list_ends_with_the_item_that_takes_it_past_max_bytes(storage: Storage) -> None:
+    """With `max_bytes` a list ends with the item whose key and value take it
+    past the budget (never before its first item), or at `limit`: the same
+    leading items as without it, on every backend, and across partitions."""
+    sizes = [300, 50, 700, 10, 2000, 5, 5]
+    keys = [f"mb/{i}" for i in range(len(sizes))] + ["mb/sys/agentkit/v1/bot/x"]  # another partition too
+    for key, size in zip(keys, [*sizes, 40]):
+        await storage.put(key, b"v" * size)
+    full = await storage.list("mb/", None, 100)
+    assert [i.key for i in full] == sorted(keys, key=str.encode)
+
+    def expected(limit: int, budget: int) -> list[str]:
+        out, spent = [], 0
+        for item in full[:limit]:
+            out.append(item.key)
+            spent += len(item.key.encode()) + len(item.value)
+            if spent > budget:
+                break
+        return out
+
+    for limit in (1, 3, 100):
+        for budget in (0, 1, 304, 400, 1100, 3100, 10_000):
+            got = [i.key for i in await storage.list("mb/", None, limit, max_bytes=budget)]
+            assert got == expected(limit, budget), (limit, budget)
+    after = full[1].key
+    got = [i.key for i in await storage.list("mb/", after, 100, max_bytes=800)]
+    assert got == [i.key for i in full[2:5]]  # 704, 718, then 2722: past 800 at the third

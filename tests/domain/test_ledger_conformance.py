@@ -262,12 +262,12 @@ class _StalledErasures(ObservedStorage):
         self.go = asyncio.Event()
         self.broken = False
 
-    async def list(self, prefix, start_after=None, limit=100):  # type: ignore[no-untyped-def]
+    async def list(self, prefix, start_after=None, limit=100, max_bytes=None):  # type: ignore[no-untyped-def]
         if prefix.startswith(ERASE_PREFIX):
             if self.broken:
                 raise BackendUnavailable("erase prefix unreadable")
             await self.go.wait()
-        return await self.inner.list(prefix, start_after, limit)
+        return await self.inner.list(prefix, start_after, limit, max_bytes)
 
 
 async def test_orphans_are_offered_while_the_janitor_still_sweeps_and_when_a_sweep_fails(storage: Storage) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from fencepost import reasons
 from fencepost.keys import encode_segment
 
-from ..storage import BackendUnavailable, Delete, Expect, Item, PersistenceUncertain, Put, Storage
+from ..storage import BackendUnavailable, Delete, Expect, Item, PersistenceUncertain, Put, Storage, over_budget
 from .errors import InvalidArgument, NotFound, limit_error
 from .keys import TenantKeys, check_erasable_agent
 from .kv import _fingerprint
@@ -248,9 +248,9 @@ class EvalStore:
         if after is None:
             rows, pruned = await self._prune(prefix, history_window or self.history_window)
             rows = rows[: limit + 1]
+            more = len(rows) > limit
         else:
-            rows = await self.storage.list(prefix, prefix + after, limit + 1)
-        more = len(rows) > limit
+            rows, more = await self._page(prefix, prefix + after, limit)
         rows = rows[:limit]
         # end the page before it outgrows one response (AIP-158: fewer than asked)
         cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
@@ -258,6 +258,13 @@ class EvalStore:
             rows, more = rows[:cut], True
         next_token = await self.pages.issue(tenant, listing, rows[-1].key[len(prefix):]) if more else ""
         return RunPage([_run(r) for r in rows], next_token, pruned)
+
+    async def _page(self, prefix: str, after: str | None, limit: int) -> tuple[list[Item], bool]:
+        """Up to `limit` + 1 rows, read no further than one response holds;
+        whether more may follow."""
+        budget = self.limits.max_page_bytes
+        rows = await self.storage.list(prefix, after, limit + 1, max_bytes=budget)
+        return rows, len(rows) > limit or over_budget(rows, budget)
 
     async def _prune(self, prefix: str, window: int) -> tuple[list[Item], int]:
         """Read every run, delete all but the `window` newest; the kept rows in key order."""
@@ -321,8 +328,7 @@ class EvalStore:
         limit = page_size(self.limits, size)
         listing = ("evals.list_samples", agent, experiment, session_id)
         after = await self.pages.resume(tenant, listing, token)
-        rows = await self.storage.list(prefix, prefix + after if after is not None else None, limit + 1)
-        more = len(rows) > limit
+        rows, more = await self._page(prefix, prefix + after if after is not None else None, limit)
         rows = rows[:limit]
         cut = fits((len(r.value) + ENTRY_OVERHEAD for r in rows), self.limits.max_page_bytes)
         if cut is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ..storage import Delete, Expect, Item, Put, Storage, Write
+from ..storage import Delete, Expect, Item, Put, Storage, Write, over_budget
 from .conditions import Unsatisfiable, plan
 from .errors import Aborted, InvalidArgument, limit_error
 from .keys import TenantKeys, tenant_keys
@@ -98,18 +98,21 @@ class KvStore:
         keys = tenant_keys(tenant)
         scoped_after = keys.kv(after) if after is not None else None
         # One extra row tells whether another page exists without a second call.
+        budget = self.limits.max_page_bytes
         if values:
-            rows = await self.storage.list(keys.kv(prefix), scoped_after, limit + 1)
+            # read no further than one response holds (cut exactly below)
+            rows = await self.storage.list(keys.kv(prefix), scoped_after, limit + 1, max_bytes=budget)
             items = [Item(keys.unscope_kv(r.key), r.value, r.version) for r in rows]
+            more = len(items) > limit or over_budget(rows, budget)
         else:
             names = await self.storage.list_keys(keys.kv(prefix), scoped_after, limit + 1)
             items = [Item(keys.unscope_kv(n), b"", "") for n in names]
-        more = len(items) > limit
+            more = len(items) > limit
         items = items[:limit]
         # AIP-158 lets a page hold fewer than asked: end it before it outgrows
         # one response (1000 values at the limit are 256 MiB), never before
         # its first entry.
-        cut = fits((len(i.key.encode()) + len(i.value) + ENTRY_OVERHEAD for i in items), self.limits.max_page_bytes)
+        cut = fits((len(i.key.encode()) + len(i.value) + ENTRY_OVERHEAD for i in items), budget)
         if cut is not None:
             items, more = items[:cut], True
         token_out = await self.pages.issue(tenant, listing, items[-1].key) if more else ""

@@ -84,6 +84,34 @@ class BackendUnavailable(StorageError):
     as far as the backend can tell. Retryable."""
 
 
+def item_bytes(item: Item) -> int:
+    """An item's measure against a listing's `max_bytes`: its key (UTF-8) and value."""
+    return len(item.key.encode()) + len(item.value)
+
+
+def within_budget(items: Iterable[Item], limit: int, max_bytes: int | None) -> list[Item]:
+    """The first `limit` of `items`, ending with the one that takes them past
+    `max_bytes` (Storage.list); consumes no more of `items` than it returns."""
+    out: list[Item] = []
+    if limit <= 0:
+        return out
+    spent = 0
+    for item in items:
+        out.append(item)
+        if len(out) >= limit:
+            break
+        if max_bytes is not None:
+            spent += item_bytes(item)
+            if spent > max_bytes:
+                break
+    return out
+
+
+def over_budget(items: Sequence[Item], max_bytes: int) -> bool:
+    """Whether a list asked for with `max_bytes` may have ended for its size."""
+    return sum(map(item_bytes, items)) > max_bytes
+
+
 class PersistenceUncertain(BackendUnavailable):
     """A write was sent but its outcome is unknown (timeout after sending)."""
 
@@ -328,10 +356,13 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def list(
-        self, prefix: str, start_after: str | None = None, limit: int = 100
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
     ) -> list[Item]:
         """Items whose key starts with `prefix` and sorts after `start_after`,
-        in key order, at most `limit`."""
+        in key order, at most `limit`. With `max_bytes`, the list also ends
+        with the item that takes its keys (UTF-8) and values past `max_bytes`
+        (`over_budget` tells): a page of large values is read to its
+        response's size, not to `limit` (1000 values at the limit are 256 MiB)."""
 
     # -- CAS group ---------------------------------------------------------
     async def get_with_version(self, key: str) -> Item | None:

@@ -49,8 +49,10 @@ class ObservedStorage(Storage):
     async def delete(self, key: str) -> bool:
         return await self._observe("delete", self.inner.delete(key))
 
-    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
-        return await self._observe("list", self.inner.list(prefix, start_after, limit))
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
+    ) -> list[Item]:
+        return await self._observe("list", self.inner.list(prefix, start_after, limit, max_bytes))
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
         return await self._observe("list_keys", self.inner.list_keys(prefix, start_after, limit))

@@ -21,6 +21,7 @@ from .base import (
     highest_per_family,
     new_version,
     validate_transaction,
+    within_budget,
 )
 
 _COUNTER_DIGITS = 12
@@ -88,9 +89,12 @@ class MemoryStorage(Storage):
         self._open()
         return self._remove(key)
 
-    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
+    ) -> list[Item]:
         self._open()
-        return [self._items[k] for k in self._scan(prefix, start_after, limit)]
+        items = [self._items[k] for k in self._scan(prefix, start_after, limit)]
+        return items if max_bytes is None else within_budget(items, limit, max_bytes)
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
         self._open()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fencepost import reasons
 
-from ...storage import Check, Item, Put, StorageError, Write
+from ...storage import Check, Item, Put, StorageError, Write, over_budget
 from ..errors import NotFound, limit_error
 from ..paging import ENTRY_OVERHEAD, fits, page_size
 from .core import ABSENT, PRESENT, bad, check_holder, contended
@@ -29,6 +29,9 @@ from .leases import LeaseMethods
 from .sessions import SessionMethods, check_agent
 
 _ATTEMPTS = 4
+
+#: payload blobs a ListInbox page reads at once
+_BLOBS_AT_ONCE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,20 +159,31 @@ class InboxMethods(SessionMethods, LeaseMethods):
         limit = page_size(self.limits, size)
         listing = ("ledger.list_inbox", sid)
         after = await self.pages.resume(tenant, listing, token)
+        budget = self.limits.max_page_bytes
         items, head = await asyncio.gather(
-            self.storage.list(sk.inbox, sk.inbox + after if after else None, limit + 1),
+            self.storage.list(sk.inbox, sk.inbox + after if after else None, limit + 1, max_bytes=budget),
             self.storage.get(sk.head),
         )
         if head is None:
             raise session_not_found(sid)
-        more = len(items) > limit
+        more = len(items) > limit or over_budget(items, budget)
         items = items[:limit]
-        # Payloads over the inline limit are one get each: read side by side.
-        read = await asyncio.gather(*(self._event(sk, it) for it in items))
+        # Payloads over the inline limit are one get each: read side by side, a
+        # few at a time, no further than one response holds (1000 blobs are 256 MiB).
+        read: list[InboxEvent | None] = []
+        spent = 0
+        for at in range(0, len(items), _BLOBS_AT_ONCE):
+            batch = await asyncio.gather(*(self._event(sk, it) for it in items[at:at + _BLOBS_AT_ONCE]))
+            read += batch
+            spent += sum(len(e.payload) + ENTRY_OVERHEAD for e in batch if e)
+            if spent > budget:
+                break
+        if len(read) < len(items):
+            items, more = items[:len(read)], True
         if None in read and await self.storage.get(sk.head) is None:
             raise session_not_found(sid)  # swept while it was read
         # end the page before it outgrows one response (AIP-158: fewer than asked)
-        cut = fits((len(e.payload) + ENTRY_OVERHEAD if e else 0 for e in read), self.limits.max_page_bytes)
+        cut = fits((len(e.payload) + ENTRY_OVERHEAD if e else 0 for e in read), budget)
         if cut is not None:
             items, read, more = items[:cut], read[:cut], True
         events = [e for e in read if e is not None]

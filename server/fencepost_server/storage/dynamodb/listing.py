@@ -20,8 +20,8 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from .codec import DIRECTORY_PK, ITEM_PK_PREFIX, encode_rest
-from .table import PARTITION_KEY, SORT_KEY, VERSION
+from .codec import DIRECTORY_PK, ITEM_PK_PREFIX, encode_rest, key_from
+from .table import PARTITION_KEY, SORT_KEY, VALUE, VERSION
 
 Row = dict[str, Any]
 #: Sends one Query (keyword arguments without TableName) and returns the response.
@@ -149,14 +149,28 @@ async def merge_walk(
     open_partition: Callable[[str], AsyncIterator[Row]],
     key_of: Callable[[Row], str],
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[Row]:
-    """The first `limit` rows of `merged(...)`."""
+    """The first rows of `merged(...)`, as `take` ends them."""
+    if limit <= 0:
+        return []
+    async with contextlib.aclosing(merged(home, partitions, open_partition, key_of)) as rows:
+        return await take(rows, limit, max_bytes)
+
+
+async def take(rows: AsyncIterator[Row], limit: int, max_bytes: int | None = None) -> list[Row]:
+    """The first `limit` rows, ending with the one that takes their keys and
+    values past `max_bytes` (Storage.list): nothing more is fetched."""
     out: list[Row] = []
     if limit <= 0:
         return out
-    async with contextlib.aclosing(merged(home, partitions, open_partition, key_of)) as rows:
-        async for row in rows:
-            out.append(row)
-            if len(out) >= limit:
+    spent = 0
+    async for row in rows:
+        out.append(row)
+        if len(out) >= limit:
+            break
+        if max_bytes is not None:
+            spent += len(key_from(row).encode()) + len(row.get(VALUE, {}).get("B", b""))
+            if spent > max_bytes:
                 break
     return out

@@ -29,6 +29,7 @@ transactions; the local test server does not, so nothing relies on it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
@@ -198,8 +199,10 @@ class DynamoStorage(Storage):
 
         return await with_retries(self.retry, attempt, what="DeleteItem", write=True, key=key)
 
-    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
-        rows = await self._list(prefix, start_after, limit, keys_only=False)
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
+    ) -> list[Item]:
+        rows = await self._list(prefix, start_after, limit, keys_only=False, max_bytes=max_bytes)
         return [item_from(row) for row in rows]
 
     async def list_keys(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[str]:
@@ -214,6 +217,7 @@ class DynamoStorage(Storage):
 
     async def _list(
         self, prefix: str, start_after: str | None, limit: int, *, keys_only: bool, versions: bool = False,
+        max_bytes: int | None = None,
     ) -> list[dict[str, Any]]:
         if limit <= 0:
             return []
@@ -224,15 +228,11 @@ class DynamoStorage(Storage):
 
         only = self.codec.layout.partition_of_prefix(prefix)
         if only is not None:
-            rows: list[dict[str, Any]] = []
-            async for row in partition_rows(only):
-                rows.append(row)
-                if len(rows) >= limit:
-                    break
-            return rows
+            async with contextlib.aclosing(partition_rows(only)) as rows:
+                return await listing.take(rows, limit, max_bytes)
         home = self.codec.layout.home_of_prefix(prefix)
         partitions = listing.directory(self._query, prefix, max(limit, 100), skip=home)
-        return await listing.merge_walk(partition_rows(home), partitions, partition_rows, key_from, limit)
+        return await listing.merge_walk(partition_rows(home), partitions, partition_rows, key_from, limit, max_bytes)
 
     # -- operator tools (bulk.py) -------------------------------------------
     async def export_items(self, start_after: str | None = None, page: int = EXPORT_PAGE) -> AsyncIterator[list[Item]]:

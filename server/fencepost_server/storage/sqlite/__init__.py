@@ -142,13 +142,22 @@ class SqliteStorage(Storage):
 
     # LIMIT is clamped at 0: SQLite reads a negative LIMIT as "no limit", and
     # the contract's limit is "at most" (memory and DynamoDB list nothing).
-    async def list(self, prefix: str, start_after: str | None = None, limit: int = 100) -> list[Item]:
+    async def list(
+        self, prefix: str, start_after: str | None = None, limit: int = 100, max_bytes: int | None = None
+    ) -> list[Item]:
         where, args = bounds(prefix, start_after)
+        if max_bytes is None:
+            sql, params = f"SELECT key, value, version FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, max(limit, 0))
+        else:
+            # the rows before each one hold at most max_bytes: SQLite streams the
+            # window in key order, so only the rows returned reach Python
+            sql = (f"SELECT key, value, version FROM (SELECT key, value, version, SUM(length(key) + length(value)) "
+                   f"OVER (ORDER BY key ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM kv "
+                   f"WHERE {where} ORDER BY key LIMIT ?) WHERE before IS NULL OR before <= ?")
+            params = (*args, max(limit, 0), max_bytes)
 
         def read(conn: sqlite3.Connection) -> list[Item]:
-            rows = conn.execute(
-                f"SELECT key, value, version FROM kv WHERE {where} ORDER BY key LIMIT ?", (*args, max(limit, 0))
-            ).fetchall()
+            rows = conn.execute(sql, params).fetchall()
             return [Item(k.decode(), v, ver) for k, v, ver in rows]
 
         return await self._read(read)
