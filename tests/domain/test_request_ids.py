@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from fencepost import reasons
+from fencepost_server.domain.errors import InvalidArgument
 from fencepost_server.domain.kv import Compare, KvStore
 from fencepost_server.domain.limits import Limits
 from fencepost_server.domain.requests import RequestLog
@@ -320,3 +322,31 @@ async def test_a_txn_without_a_request_id_computes_no_fingerprint(monkeypatch: p
     assert out.succeeded
     with pytest.raises(AssertionError, match="fingerprint computed"):
         await kv.txn("t", [], [Put("k2", b"v")], [], request_id="rid-1")
+
+
+async def test_the_next_hour_still_replays_and_guards_every_kind_of_marker(storage: Storage) -> None:
+    """A retry in the hour after its first attempt finds the marker under the
+    previous window, wherever the backend put it: kept with the item, moved
+    out by a later write or delete, or a row of its own (a CAS overwrite, a
+    Txn); the id stays refused to any other request there."""
+    now = [1_000_000 * 3600 + 3599.0]  # the last second of an hour
+    kv = KvStore(storage, Limits(), RequestLog(storage, clock=lambda: now[0]))
+    created = await kv.put_if_absent("t", "kept", b"v", request_id="kept")
+    moved = await kv.put("t", "moved", b"v", request_id="moved")
+    deleted = await kv.put_if_absent("t", "deleted", b"v", request_id="deleted")
+    swapped = await kv.put_if_version("t", "kept", b"w", created.version, request_id="swapped")
+    txn = await kv.txn("t", [Compare("kept", Expect(exists=True))], [Put("other", b"t")], [], request_id="txn")
+    await kv.put("t", "moved", b"later")  # moves its marker out to a row of its own
+    await kv.delete("t", "deleted")
+    now[0] += 1  # the next hour's window
+    assert await kv.put_if_absent("t", "kept", b"v", request_id="kept") == created
+    assert await kv.put("t", "moved", b"v", request_id="moved") == moved
+    assert await kv.put_if_absent("t", "deleted", b"v", request_id="deleted") == deleted
+    assert await kv.put_if_version("t", "kept", b"w", created.version, request_id="swapped") == swapped
+    assert await kv.txn("t", [Compare("kept", Expect(exists=True))], [Put("other", b"t")], [], request_id="txn") == txn
+    for rid in ("kept", "moved", "deleted", "swapped", "txn"):
+        with pytest.raises(InvalidArgument) as info:
+            await kv.put("t", "fresh", b"v", request_id=rid)
+        assert info.value.reason == reasons.REQUEST_ID_REUSED
+    assert await kv.get("t", "fresh") is None and await kv.get("t", "deleted") is None
+    assert (await kv.get("t", "moved")).value == b"later"  # type: ignore[union-attr]
