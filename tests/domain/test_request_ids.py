@@ -350,3 +350,27 @@ async def test_the_next_hour_still_replays_and_guards_every_kind_of_marker(stora
         assert info.value.reason == reasons.REQUEST_ID_REUSED
     assert await kv.get("t", "fresh") is None and await kv.get("t", "deleted") is None
     assert (await kv.get("t", "moved")).value == b"later"  # type: ignore[union-attr]
+
+
+async def test_a_sweep_leaves_no_record_of_the_hours_it_emptied(storage: Storage) -> None:
+    """A backend that keeps records of key ranges (DynamoDB's partition
+    directory: one per hour and tenant of markers) drops those of the hours
+    a sweep emptied; every later sweep's listing walked each of them again,
+    so a sweep cost one more query per hour the server had ever served."""
+    now = [1_000_000 * 3600.0]
+    log = RequestLog(storage, clock=lambda: now[0])
+    kv = KvStore(storage, Limits(), log)
+    for hour in range(5):
+        await kv.put("t", f"k{hour}", b"v", request_id=f"id{hour}")
+        now[0] += 3600
+    current = await kv.put("t", "now", b"v", request_id="now")
+    assert await log.sweep() == 4  # hours 0-3; hour 4 is the previous window
+    hours = {name.split("/")[2] for name in await storage.partitions_under(MARKERS)}
+    assert hours <= {f"{1_000_000 + h:010d}" for h in (4, 5)}
+    assert await log.sweep() == 0
+    # the hours still inside the window keep their markers and their records
+    assert await kv.put("t", "k4", b"v", request_id="id4") == (await kv.get("t", "k4")).version  # type: ignore[union-attr]
+    assert await kv.put("t", "now", b"v", request_id="now") == current
+    now[0] += 2 * 3600
+    assert await log.sweep() == 2
+    assert await storage.partitions_under(MARKERS) == []

@@ -161,4 +161,22 @@ class RequestLog:
             removed += forgotten
             if forgotten < batch:
                 break
+        await self._forget_hours_before(oldest_kept, batch)
         return removed
+
+    async def _forget_hours_before(self, oldest_kept: int, batch: int) -> None:
+        """Drop the backend's records of the swept hours (DynamoDB's partition
+        directory keeps one per hour and tenant): every later listing of the
+        markers would walk each emptied hour again, for ever. No marker is
+        written to an hour past the window any more, so nothing races the
+        forget; the settle lists again any hour still holding a marker."""
+        after: str | None = None
+        while names := await self.storage.partitions_under(_PREFIX, after, batch):
+            old = [n for n in names if (hour := n[len(_PREFIX):].split("/", 1)[0]).isdigit()
+                   and int(hour) < oldest_kept]
+            if old:
+                await self.storage.forget_partitions(old)
+                await self.storage.settle_partitions(old)
+            if len(old) < len(names):  # the hours sort by their zero-padded number: the rest are kept
+                return
+            after = names[-1]
