@@ -8,6 +8,7 @@ the two can never drift.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import threading
@@ -26,6 +27,7 @@ from ._ledger import LedgerMethods
 from ._memory import MemoryMethods
 from ._schedule import ScheduleMethods
 from ._text import refuse_unencodable
+from .errors import FencepostError
 from .v1 import (
     admin_pb2_grpc,
     evals_pb2_grpc,
@@ -119,12 +121,25 @@ class _LoopThread:
         self.thread.start()
 
     def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        except concurrent.futures.CancelledError:  # `stop` ended it (another thread closed the client)
+            raise FencepostError("the client was closed while the call ran", code="CANCELLED") from None
 
     def stop(self) -> None:
+        # A call of another thread may still wait on this loop (in its retry
+        # backoff, say): cancel it, or a stopped loop leaves that thread blocked forever.
+        asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
+
+
+async def _cancel_others() -> None:
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 class Client:

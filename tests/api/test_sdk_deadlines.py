@@ -104,3 +104,35 @@ async def test_every_stream_method_takes_the_options_every_method_takes(srv: Run
         with pytest.raises(errors.DeadlineExceeded):
             async for _ in c.watch_due(s.session_id, lease.generation, **{**opts, "timeout": 0.3}):
                 pass
+
+
+class _LongBackoff(fencepost.RetryPolicy):
+    """One retry, after a backoff far longer than the test waits."""
+
+    def delays(self) -> list[float]:
+        return [60.0]
+
+
+def test_closing_the_sync_client_ends_a_call_waiting_out_its_backoff() -> None:
+    # nothing listens on port 1: the get fails UNAVAILABLE and sleeps its backoff;
+    # closing the client meanwhile must end that call, not leave its thread blocked
+    c = fencepost.Client("127.0.0.1:1", timeout=120.0, retry=_LongBackoff(), token="")
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            c.get("k")
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - whatever it raises, it must return
+            outcome.append(exc)
+
+    import threading
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    time.sleep(1.0)  # the refused attempt is over: the call is in its backoff
+    c.close()
+    caller.join(10)
+    assert not caller.is_alive(), "the call still waits on a closed client"
+    [err] = outcome
+    assert isinstance(err, errors.FencepostError) and err.code == "CANCELLED", repr(err)
