@@ -62,6 +62,21 @@ export function tlsFromEnv(env: NodeJS.ProcessEnv = process.env): { credentials:
   return { credentials, channelOptions: serverName ? { "grpc.ssl_target_name_override": serverName } : {} };
 }
 
+/** The token itself, when a header can carry it (printable ASCII), as the Python
+ * SDK's `check_token`. Anything else fails here, by position and never quoting the
+ * token, instead of at every call with grpc-js's error quoting the whole header. The
+ * usual cause is a line end kept from a file (`FENCEPOST_TOKEN=$(cat token.txt)`). */
+function checkToken(token: string): string {
+  for (let at = 0; at < token.length; at++) {
+    const c = token.charCodeAt(at);
+    if (c < 0x20 || c > 0x7e) {
+      throw new Error(`the bearer token (FENCEPOST_TOKEN or the token option) has ${JSON.stringify(token[at])} at `
+        + `position ${at}: a token is printable ASCII only (a line end copied from a file?)`);
+    }
+  }
+  return token;
+}
+
 /** An entry read with its version. */
 export interface Entry {
   key: string;
@@ -156,7 +171,7 @@ export class FencepostClient {
    * SDK and the CLI read (an empty one counts as unset). */
   constructor(target?: string, options: ClientOptions = {}) {
     target = target || process.env.FENCEPOST_ENDPOINT || DEFAULT_ENDPOINT;
-    const token = options.token ?? (process.env.FENCEPOST_TOKEN || "");
+    const token = checkToken(options.token ?? (process.env.FENCEPOST_TOKEN || ""));
     const metadata = token ? { ...options.metadata, authorization: `Bearer ${token}` } : options.metadata;
     const tls = options.credentials ? undefined : tlsFromEnv();
     const creds = options.credentials ?? tls?.credentials ?? grpcCredentials.createInsecure();

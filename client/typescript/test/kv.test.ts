@@ -151,3 +151,29 @@ test("FENCEPOST_TLS_* turn TLS on, as for the Python SDK and the CLI: the token 
     restore();
   }
 });
+
+test("a token no header can carry is refused by name, as by the Python SDK, and never echoed", () => {
+  // A line end kept from a file (FENCEPOST_TOKEN=$(cat token.txt) of a CRLF
+  // file) made every call fail with grpc-js's plain Error quoting the whole
+  // authorization value: the bearer token went into the caller's logs.
+  const saved = process.env.FENCEPOST_TOKEN;
+  try {
+    for (const make of [
+      () => new FencepostClient(target(), { token: "s3cret-token\r" }),
+      () => {
+        process.env.FENCEPOST_TOKEN = "s3cret-token\n";
+        return new FencepostClient(target());
+      },
+    ]) {
+      assert.throws(make, (err: unknown) => {
+        const message = err instanceof Error ? err.message : String(err);
+        assert.match(message, /FENCEPOST_TOKEN.*position 12/);
+        assert.doesNotMatch(message, /s3cret/);
+        return true;
+      });
+    }
+  } finally {
+    if (saved === undefined) delete process.env.FENCEPOST_TOKEN;
+    else process.env.FENCEPOST_TOKEN = saved;
+  }
+});
