@@ -119,14 +119,23 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fencepost-client", daemon=True)
         self.thread.start()
+        self.closed = False
+        self._lock = threading.Lock()  # no work is handed to the loop once `stop` has begun
 
     def run(self, coro: Any) -> Any:
+        with self._lock:
+            if self.closed:
+                coro.close()
+                raise FencepostError("the client is closed", code="CANCELLED")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            return future.result()
         except concurrent.futures.CancelledError:  # `stop` ended it (another thread closed the client)
             raise FencepostError("the client was closed while the call ran", code="CANCELLED") from None
 
     def stop(self) -> None:
+        with self._lock:
+            self.closed = True
         # A call of another thread may still wait on this loop (in its retry
         # backoff, say): cancel it, or a stopped loop leaves that thread blocked forever.
         asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result()
@@ -184,7 +193,9 @@ def _sync_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
                     except StopAsyncIteration:
                         return
             finally:
-                self._runner.run(agen.aclose())  # type: ignore[attr-defined]
+                runner = self._runner
+                if runner is not None and not runner.closed:  # closed: stopping cancelled it already
+                    runner.run(agen.aclose())  # type: ignore[attr-defined]
 
         return gen
 

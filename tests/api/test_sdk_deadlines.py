@@ -136,3 +136,32 @@ def test_closing_the_sync_client_ends_a_call_waiting_out_its_backoff() -> None:
     assert not caller.is_alive(), "the call still waits on a closed client"
     [err] = outcome
     assert isinstance(err, errors.FencepostError) and err.code == "CANCELLED", repr(err)
+
+
+def test_closing_the_sync_client_ends_a_listing_iterated_in_another_thread() -> None:
+    # the iterator's cleanup hands the loop one more step (closing the
+    # listing) while the client stops it: a step handed over too late was
+    # never run, and the iterating thread waited on it forever (a race: tried
+    # a few times)
+    import threading
+
+    for _ in range(6):
+        c = fencepost.Client("127.0.0.1:1", timeout=120.0, retry=_LongBackoff(), token="")
+        outcome: list[BaseException | None] = []
+
+        def iterate(c: fencepost.Client = c, outcome: list[BaseException | None] = outcome) -> None:
+            try:
+                for _entry in c.list("p"):
+                    pass
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - whatever it raises, it must return
+                outcome.append(exc)
+
+        caller = threading.Thread(target=iterate, daemon=True)
+        caller.start()
+        time.sleep(0.5)  # the listing's first page is in its backoff
+        c.close()
+        caller.join(10)
+        assert not caller.is_alive(), "the listing still waits on a closed client"
+        [err] = outcome
+        assert isinstance(err, errors.FencepostError) and err.code == "CANCELLED", repr(err)
