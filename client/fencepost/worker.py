@@ -20,7 +20,9 @@ retries) propagates after renewal stops: the lease expires and the janitor
 hands the session on.
 
 When the lease is held by someone else, `deliver` returns at once
-(`served = False`): the holder drains the event. `claim_orphans()` is the
+(`served = False`): the holder drains the event. A delivery the SDK resent
+(its first answer lost) finds the lease this worker was granted by its first
+attempt: it serves the session then, unless a worker of this process already does. `claim_orphans()` is the
 recovery loop: it claims sessions whose holder died with events pending (the
 server's janitor finds them) and serves each the same way, until `stop()`.
 """
@@ -43,6 +45,8 @@ TurnFn = Callable[[Session, list[InboxEvent]], Awaitable[Sequence[bytes] | None]
 
 MAX_CONSUME = 32  # consumed ids per commit (spec/ledger.md)
 _STOP = object()
+#: (holder_id, session_id) of every session a worker of this process is serving
+_SERVING: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -109,11 +113,21 @@ class SessionWorker:
             payload, agent=agent, session_key=session_key, session_id=session_id, dedupe_key=dedupe_key,
             try_lease=self.holder_id, ttl=self.ttl,
         )
-        if not d.lease_granted or d.lease is None:
+        if d.lease is None or not (d.lease_granted or self._granted_unanswered(d)):
             return WorkerResult(d.session_id, served=False, delivery=d)
         result = await self.serve(d.session_id, d.lease.generation)
         result.delivery = d
         return result
+
+    def _granted_unanswered(self, d: Delivery) -> bool:
+        """A resent delivery (the SDK's retry under its dedupe key) whose first
+        attempt was granted the lease and lost its answer: the lease is live
+        under this holder id and no worker of this process serves the session,
+        so nobody else will drain the event before the TTL runs out."""
+        return (
+            d.duplicate and d.lease is not None and d.lease.live and d.lease.holder_id == self.holder_id
+            and (self.holder_id, d.session_id) not in _SERVING
+        )
 
     async def claim_orphans(self, *, agent: str = "", wait: float = 5.0) -> list[WorkerResult]:
         """Claim and serve orphaned sessions until `stop()`; returns what each served."""
@@ -150,6 +164,7 @@ class SessionWorker:
         result = WorkerResult(session_id, served=True, generation=generation)
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
+        _SERVING.add((self.holder_id, session_id))
         if self.stopping:
             queue.put_nowait(_STOP)
         s._renewer = asyncio.create_task(s._renew_loop())
@@ -161,6 +176,7 @@ class SessionWorker:
         except LeaseFenced:
             result.fenced = True
         finally:
+            _SERVING.discard((self.holder_id, session_id))
             self._queues.discard(queue)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -203,3 +203,41 @@ async def test_an_event_delivered_through_the_serving_worker_is_a_follow_up_turn
     assert result.served and result.released and not result.fenced
     assert turns.seen == [(result.generation, [b"first"]), (result.generation, [b"second"])]
     assert await log(fp, result.session_id) == [b"did first", b"did second"]
+
+
+async def test_a_delivery_whose_granted_answer_was_lost_is_still_served(srv: RunningServer) -> None:
+    """The first Deliver parks the event and grants this worker the lease, but
+    its answer is lost (UNAVAILABLE / PERSISTENCE_UNCERTAIN); the SDK resends
+    it under its dedupe key, and the resend finds the lease live under this
+    worker's own holder id: not granted again. The worker must serve the
+    session it holds, not walk away leaving the event to wait out the TTL."""
+    from tests.api.test_sdk_retry_safety import _uncertain
+
+    async with srv.client(timeout=10.0, retry=fencepost.RetryPolicy(initial_backoff=0.001)) as fp:
+        real = fp._ledger  # type: ignore[attr-defined]
+
+        class _LostAnswer:
+            lost = False
+
+            def __getattr__(self, name: str) -> Any:
+                method = getattr(real, name)
+                if name != "Deliver":
+                    return method
+
+                async def deliver(request: Any, **kw: Any) -> Any:
+                    out = await method(request, **kw)
+                    if not _LostAnswer.lost:
+                        _LostAnswer.lost = True
+                        raise _uncertain()
+                    return out
+
+                return deliver
+
+        fp._ledger = _LostAnswer()  # type: ignore[attr-defined]
+        turns = Turns()
+        result = await fencepost.SessionWorker(fp, turns, holder_id="pod-a", idle=0).deliver(
+            b"x", agent="ag", session_key="lost-answer", dedupe_key="evt-1"
+        )
+        assert _LostAnswer.lost and result.delivery is not None and result.delivery.duplicate
+        assert result.served and result.consumed == 1 and result.released, result
+        assert await log(fp, result.session_id) == [b"did x"]
