@@ -89,7 +89,18 @@ function once<Req, Res>(
 
 const cancelled = () => errorFor({ code: status.CANCELLED, message: "the call was cancelled (its signal aborted)" });
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** Waits `ms`, or less: an abort of `signal` ends the wait at once (the loop then throws CANCELLED). */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
 
 /** Calls `method` within the deadline; retries UNAVAILABLE only when `safe`. */
 export async function callUnary<Req, Res>(
@@ -117,7 +128,7 @@ export async function callUnary<Req, Res>(
       const retryable = safe && err.code === status.UNAVAILABLE;
       if (attempt >= delays.length || !retryable) throw err;
       if (deadline !== undefined && Date.now() + delays[attempt] >= deadline) throw err;
-      await sleep(delays[attempt]);
+      await sleep(delays[attempt], signal);
     }
   }
 }

@@ -252,3 +252,30 @@ test("every KV write is resent under the request id of its first attempt (filled
   assert.equal(new Set(ids.slice(0, 12)).size, 6);
   assert.deepEqual(ids.slice(12), ["mine-1", "mine-1"]);
 });
+
+test("aborting the signal during a retry's backoff rejects at once: CANCELLED, no further attempt", async () => {
+  // answers asynchronously, as grpc-js does (the call's abort listener is then removed with its answer)
+  let calls = 0;
+  const method: UnaryMethod<string, string> = (_req, _md, _opts, cb) => {
+    calls++;
+    const code = status.UNAVAILABLE;
+    setImmediate(() => cb(Object.assign(new Error("down"), { code, details: "down", metadata: new Metadata() }) as ServiceError, ""));
+    return {} as ReturnType<UnaryMethod<string, string>>;
+  };
+  const slow: RetryPolicy = { maxAttempts: 2, initialBackoffMs: 20_000, maxBackoffMs: 20_000, multiplier: 1 };
+  const random = Math.random;
+  Math.random = () => 0.99; // the one backoff: 19.8 s
+  const controller = new AbortController();
+  let pending: Promise<string>;
+  try {
+    pending = callUnary(method, "r", true, { retry: slow }, { signal: controller.signal });
+  } finally {
+    Math.random = random;
+  }
+  await new Promise((r) => setTimeout(r, 50));
+  const started = Date.now();
+  controller.abort();
+  await assert.rejects(pending, (e: FencepostError) => e.code === status.CANCELLED);
+  assert.ok(Date.now() - started < 2_000, `rejected ${Date.now() - started} ms after the abort`);
+  assert.equal(calls, 1);
+});
