@@ -56,6 +56,8 @@ class AsyncClient(
     `FENCEPOST_TLS_CERT` / `FENCEPOST_TLS_KEY`, `FENCEPOST_TLS_SERVER_NAME`;
     see `fencepost._env`), else 127.0.0.1:50051 in plaintext. Explicit
     arguments win; `token=""` sends no token whatever the environment says.
+    An `authorization` in `metadata` is sent instead of FENCEPOST_TOKEN's;
+    a `token` argument replaces it.
     `env` replaces `os.environ` as the source of those defaults.
     """
 
@@ -72,9 +74,14 @@ class AsyncClient(
         channel: grpc.aio.Channel | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        md = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
-        token = resolve_token(token, env)
-        if token:
+        md = list(metadata.items()) if isinstance(metadata, Mapping) else list(metadata or [])
+        named = any(k.lower() == "authorization" for k, _ in md)
+        explicit, token = token is not None, resolve_token(token, env)
+        # One authorization header (the server refuses a call with two): a
+        # `token` argument replaces the metadata's, the environment's only fills in.
+        if token and explicit:
+            md = [(k, v) for k, v in md if k.lower() != "authorization"]
+        if token and (explicit or not named):
             md.append(("authorization", f"Bearer {token}"))
         if channel is None:
             target = resolve_target(target, env)

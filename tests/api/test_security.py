@@ -67,6 +67,28 @@ async def test_a_calls_metadata_replaces_the_clients_under_the_same_key(tmp_path
     finally:
         await app.stop(grace=0.2)
 
+async def test_a_clients_authorization_metadata_and_its_token_send_one_header(
+    secured: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `authorization` the client's metadata names and a token went out
+    side by side, and the server refuses a call with two: with FENCEPOST_TOKEN
+    exported, every call of a client built with its own authorization failed
+    UNAUTHENTICATED. The environment's token only fills in; a `token`
+    argument replaces the metadata's (explicit arguments win), as in the
+    TypeScript client."""
+    monkeypatch.setenv("FENCEPOST_TOKEN", "token-tenant-b")
+    target = f"127.0.0.1:{secured.port}"
+    own = {"authorization": "Bearer token-tenant-a"}
+    async with fencepost.AsyncClient(target, metadata=own, retry=fencepost.NO_RETRY, timeout=10) as a:
+        await a.put("whose", b"a's")
+    async with fencepost.AsyncClient(target, metadata=[*own.items()], token="token-tenant-b",
+                                     retry=fencepost.NO_RETRY, timeout=10) as b:
+        await b.put("whose", b"b's")
+    async with _client(secured, "token-tenant-a") as a, _client(secured, "token-tenant-b") as b:
+        assert (await a.get("whose")).value == b"a's"  # type: ignore[union-attr]
+        assert (await b.get("whose")).value == b"b's"  # type: ignore[union-attr]
+
+
 async def test_health_stays_open_without_credentials(secured: App) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
