@@ -25,7 +25,8 @@ export interface ClientOptions extends CallOptions {
   /** Default: TLS when a FENCEPOST_TLS_* variable is set, else insecure (loopback development). */
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
-  /** Bearer token, sent as `authorization: Bearer ...`. Default: FENCEPOST_TOKEN; "" sends none. */
+  /** Bearer token, sent as `authorization: Bearer ...` (replacing one `metadata` names). Default:
+   * FENCEPOST_TOKEN, unless `metadata` names an authorization; "" sends none. */
   token?: string;
 }
 
@@ -172,7 +173,13 @@ export class FencepostClient {
   constructor(target?: string, options: ClientOptions = {}) {
     target = target || process.env.FENCEPOST_ENDPOINT || DEFAULT_ENDPOINT;
     const token = checkToken(options.token ?? (process.env.FENCEPOST_TOKEN || ""));
-    const metadata = token ? { ...options.metadata, authorization: `Bearer ${token}` } : options.metadata;
+    // One authorization (keys compare lowercase, as gRPC's): a `token` option replaces the
+    // metadata's, FENCEPOST_TOKEN only fills in (the Python SDK's rule).
+    const own = Object.entries(options.metadata ?? {});
+    const named = own.some(([k]) => k.toLowerCase() === "authorization");
+    const metadata = token && (options.token !== undefined || !named)
+      ? { ...Object.fromEntries(own.filter(([k]) => k.toLowerCase() !== "authorization")), authorization: `Bearer ${token}` }
+      : options.metadata;
     const tls = options.credentials ? undefined : tlsFromEnv();
     const creds = options.credentials ?? tls?.credentials ?? grpcCredentials.createInsecure();
     this.channel = new Channel(target, creds, { ...tls?.channelOptions, ...options.channelOptions });

@@ -51,6 +51,7 @@ let hangCancelled = false;
 let unaryCancelled = false;
 const server = new Server();
 let fake: FencepostClient;
+let fakeTarget = "";
 
 before(async () => {
   for (const [, definition] of SERVICES) {
@@ -80,7 +81,8 @@ before(async () => {
   }
   const port = await new Promise<number>((resolve, reject) =>
     server.bindAsync("127.0.0.1:0", ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-  fake = new FencepostClient(`127.0.0.1:${port}`, { token: "secret-1", timeoutMs: 5_000 });
+  fakeTarget = `127.0.0.1:${port}`;
+  fake = new FencepostClient(fakeTarget, { token: "secret-1", timeoutMs: 5_000 });
 });
 
 after(() => {
@@ -169,4 +171,28 @@ test("ReadLog through fp.stream: the committed records, typed; an unknown sessio
     for await (const _ of fp.stream(fp.ledger.readLog.bind(fp.ledger), { ...request, sessionId: "no-such-session" })) { /* none */ }
   })();
   await expectReason(missing, status.NOT_FOUND, ErrorReason.SESSION_NOT_FOUND);
+});
+
+test("an authorization in the client's metadata is the one sent, not FENCEPOST_TOKEN's; a token option replaces it", async () => {
+  // FENCEPOST_TOKEN replaced the authorization the caller's metadata named:
+  // the calls ran as the environment's identity (the Python SDK sends the metadata's)
+  const saved = process.env.FENCEPOST_TOKEN;
+  process.env.FENCEPOST_TOKEN = "from-env";
+  const sent = async (c: FencepostClient) => {
+    try {
+      await c.get("k").catch(() => undefined);
+      return seen.at(-1)?.authorization;
+    } finally {
+      c.close();
+    }
+  };
+  try {
+    assert.equal(await sent(new FencepostClient(fakeTarget, { metadata: { Authorization: "Bearer own" } })), "Bearer own");
+    assert.equal(await sent(new FencepostClient(fakeTarget, { metadata: { authorization: "Bearer own" }, token: "explicit" })),
+      "Bearer explicit");
+    assert.equal(await sent(new FencepostClient(fakeTarget, {})), "Bearer from-env");
+  } finally {
+    if (saved === undefined) delete process.env.FENCEPOST_TOKEN;
+    else process.env.FENCEPOST_TOKEN = saved;
+  }
 });
