@@ -245,3 +245,17 @@ async def test_a_transaction_item_refused_as_invalid_is_named_by_its_key(fake: F
         assert "'t/kv/b': ValidationError: Item size has exceeded the maximum allowed size" in text
     finally:
         await storage.close()
+
+
+async def test_a_write_that_timed_out_then_met_a_fatal_error_is_uncertain(fake: FakeDynamo) -> None:
+    """The first attempt may have landed: a later attempt refused for a
+    reason that stops retrying (credentials, access) does not make it "not
+    applied"."""
+    fake.script = [hang, error(400, "AccessDeniedException")]
+    storage = storage_for(fake.url)
+    try:
+        with pytest.raises(PersistenceUncertain):
+            await storage.put_if_version("t/kv/a", b"x", "v1")
+        assert fake.seen == ["PutItem", "PutItem"]
+    finally:
+        await storage.close()

@@ -201,6 +201,8 @@ async def with_retries(
             if kind is Failure.REJECTED:
                 raise _rejected(what, key, items, exc) from exc
             if kind is Failure.FATAL:
+                if after_ambiguous:  # an earlier attempt may still have landed
+                    raise PersistenceUncertain(f"{what}: outcome unknown ({describe(exc)})") from exc
                 raise BackendUnavailable(f"{what}: {describe(exc)}") from exc
             if kind is Failure.AMBIGUOUS and write:
                 after_ambiguous = True
