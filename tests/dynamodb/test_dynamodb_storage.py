@@ -237,3 +237,13 @@ async def test_a_transaction_within_the_counted_overhead_fits_with_its_directory
         assert await cold.list_keys("p", None, 100) == keys
     finally:
         await cold.close()
+
+
+async def test_concurrent_reservations_keep_the_highest_watermark(dynamo: DynamoStorage) -> None:
+    """A migration imports pages concurrently, each reserving its versions:
+    the stored watermark of a family is the highest any of them reserved."""
+    import asyncio
+
+    tokens = [f"{n:016x}" for n in range(20, 0, -1)]  # the highest first: its write must not be undone
+    await asyncio.gather(*(dynamo.reserve_versions([t]) for t in tokens))
+    assert await dynamo.version_watermarks() == [tokens[0]]

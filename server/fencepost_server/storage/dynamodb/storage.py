@@ -116,6 +116,9 @@ class DynamoStorage(Storage):
         # None until the first import of this process needs them.
         self._watermarks: dict[str, tuple[int, str]] | None = None
         self._bulk_gate = asyncio.Semaphore(bulk.IN_FLIGHT)  # BatchWriteItem requests in flight
+        # Reservations read, merge and write one item: concurrent imports take turns,
+        # or a lower watermark written last undoes a higher one.
+        self._watermarks_lock = asyncio.Lock()
 
     @classmethod
     def from_params(cls, table: str, params: dict[str, str]) -> DynamoStorage:
@@ -262,6 +265,10 @@ class DynamoStorage(Storage):
         wanted = highest_per_family(tokens)
         if not wanted:  # random tokens only: nothing to remember
             return
+        async with self._watermarks_lock:
+            await self._reserve(wanted)
+
+    async def _reserve(self, wanted: dict[str, tuple[int, str]]) -> None:
         client = await self.client()
         if self._watermarks is None:
             self._watermarks = highest_per_family(await bulk.read_watermarks(client, self.table, self.retry))
