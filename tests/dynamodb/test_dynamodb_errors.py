@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,9 +72,11 @@ class FakeDynamo:
     script: list[Reply] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
     url: str = ""
+    current: web.Request | None = None  # the request being answered
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append(request.headers.get("X-Amz-Target", "").rsplit(".", 1)[-1])
+        self.current = request
         reply = self.script[min(len(self.seen), len(self.script)) - 1]
         result = reply(json.loads(await request.read() or b"{}"))
         return await result if asyncio.iscoroutine(result) else result
@@ -257,5 +260,32 @@ async def test_a_write_that_timed_out_then_met_a_fatal_error_is_uncertain(fake: 
         with pytest.raises(PersistenceUncertain):
             await storage.put_if_version("t/kv/a", b"x", "v1")
         assert fake.seen == ["PutItem", "PutItem"]
+    finally:
+        await storage.close()
+
+
+def reset_after_reading(fake: FakeDynamo) -> Reply:
+    """Read the whole request, then reset the connection (TCP RST) instead of
+    answering: the request arrived and may have been applied."""
+    async def reply(_body: dict[str, Any]) -> web.Response:
+        assert fake.current is not None and fake.current.transport is not None
+        sock = fake.current.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        fake.current.transport.abort()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+    return reply
+
+
+async def test_a_connection_reset_after_sending_a_write_is_uncertain(fake: FakeDynamo) -> None:
+    """A reset after the request went out is not "never sent": the retry's
+    failed condition may be the first attempt's own work."""
+    gone = error(400, "ConditionalCheckFailedException")  # the key is gone (no current item)
+    fake.script = [reset_after_reading(fake), gone]
+    storage = storage_for(fake.url)
+    try:
+        with pytest.raises(PersistenceUncertain):
+            await storage.delete_if_version("t/kv/a", "v1")
+        assert fake.seen == ["DeleteItem", "DeleteItem"]
     finally:
         await storage.close()

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aiohttp import ClientConnectorError
 from aiohttp import ClientError as HttpClientError
 from botocore.exceptions import (
     ClientError,
@@ -98,14 +99,23 @@ def classify(exc: BaseException) -> Failure:
         if status >= 500 or code in ("InternalServerError", "ServiceUnavailable"):
             return Failure.AMBIGUOUS
         return Failure.FATAL  # missing table, access denied, bad credentials, ...
-    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+    if isinstance(exc, ConnectTimeoutError) or (isinstance(exc, EndpointConnectionError) and _never_sent(exc)):
         return Failure.REFUSED  # the request never left
-    if isinstance(exc, (ReadTimeoutError, ConnectionClosedError, HTTPClientError, HttpClientError,
-                        asyncio.TimeoutError, OSError)):
+    if isinstance(exc, (EndpointConnectionError, ReadTimeoutError, ConnectionClosedError, HTTPClientError,
+                        HttpClientError, asyncio.TimeoutError, OSError)):
         return Failure.AMBIGUOUS  # read timeout, connection lost mid-request, ...
     if isinstance(exc, ParamValidationError):
         return Failure.REJECTED
     return Failure.FATAL  # no credentials, bad configuration, ...
+
+
+def _never_sent(exc: EndpointConnectionError) -> bool:
+    """aiobotocore reports every aiohttp connection error as an endpoint
+    error, a reset after the request went out (ClientOSError) too: only a
+    connection that never opened, or a name that never resolved, means the
+    request was not sent."""
+    error = exc.kwargs.get("error")
+    return not isinstance(error, HttpClientError) or isinstance(error, ClientConnectorError)
 
 
 _CREDENTIALS_REFUSED = frozenset({
