@@ -247,3 +247,24 @@ async def test_concurrent_reservations_keep_the_highest_watermark(dynamo: Dynamo
     tokens = [f"{n:016x}" for n in range(20, 0, -1)]  # the highest first: its write must not be undone
     await asyncio.gather(*(dynamo.reserve_versions([t]) for t in tokens))
     assert await dynamo.version_watermarks() == [tokens[0]]
+
+
+async def test_a_partition_head_too_long_for_its_directory_entry_is_refused_before_sending(
+    dynamo: DynamoStorage,
+) -> None:
+    """The partition's name is also the sort key of its directory entry
+    (at most 1024 bytes): a key whose head is longer cannot be stored, and
+    a migration's fit check must say so before it sends anything."""
+    from fencepost_server.lifecycle.fit import item_sizer
+    from fencepost_server.storage import Item, StorageError
+    from fencepost_server.storage.dynamodb import RequestRejected
+
+    key = "a" * 1100 + "/x"
+    sizer = item_sizer(dynamo)
+    assert sizer is not None
+    with pytest.raises(StorageError):
+        sizer(Item(key, b"v", "0" * 32))
+    sent = await count_requests(dynamo)
+    with pytest.raises(RequestRejected):
+        await dynamo.put(key, b"v")
+    assert not sent

@@ -18,7 +18,6 @@ DIRECTORY_PK = "d:"
 #: keys never contain NUL (the domain refuses it, and so does `KeyCodec`).
 EMPTY_REST = "\x00"
 MAX_SORT_KEY_BYTES = 1024
-MAX_PARTITION_KEY_BYTES = 2048
 
 
 def encode_rest(rest: str) -> str:
@@ -37,7 +36,8 @@ class KeyCodec:
         if "\x00" in key:
             raise RequestRejected(f"key {key!r} contains NUL, which the DynamoDB layout reserves")
         partition, rest = self.layout.split(key)
-        if len(rest.encode()) > MAX_SORT_KEY_BYTES or len(partition.encode()) + 2 > MAX_PARTITION_KEY_BYTES:
+        # a partition's name is also the sort key of its directory entry
+        if len(rest.encode()) > MAX_SORT_KEY_BYTES or len(partition.encode()) > MAX_SORT_KEY_BYTES:
             raise RequestRejected(f"key of {len(key.encode())} bytes does not fit DynamoDB's key limits")
         return partition, rest
 
