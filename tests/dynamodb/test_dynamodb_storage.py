@@ -268,3 +268,22 @@ async def test_a_partition_head_too_long_for_its_directory_entry_is_refused_befo
     with pytest.raises(RequestRejected):
         await dynamo.put(key, b"v")
     assert not sent
+
+
+async def test_creating_a_table_that_exists_with_another_schema_says_so() -> None:
+    """`create-table` on a name already taken by a table of another key
+    schema must not report "already exists" and let every request fail."""
+    from tests.dynamo_support import unique_table
+
+    storage = DynamoStorage(unique_table(), endpoint_url=moto_endpoint(), region=REGION)
+    try:
+        client = await storage.client()
+        await client.create_table(
+            TableName=storage.table, BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        )
+        with pytest.raises(Exception, match="schema"):
+            await storage.create_table()
+    finally:
+        await storage.close()

@@ -44,7 +44,16 @@ async def create_table(client: Any, table: str, *, wait_seconds: float = 300.0) 
         if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
             raise
         created = False
-    await _wait_active(client, table, wait_seconds)
+    desc = await _wait_active(client, table, wait_seconds)
+    if not created:  # a table of another schema would refuse every request as malformed
+        wanted = table_definition(table)
+        schema = {(k["AttributeName"], k["KeyType"]) for k in desc.get("KeySchema", [])}
+        types = {(a["AttributeName"], a["AttributeType"]) for a in desc.get("AttributeDefinitions", [])}
+        if schema != {(k["AttributeName"], k["KeyType"]) for k in wanted["KeySchema"]} or not types >= {
+            (a["AttributeName"], a["AttributeType"]) for a in wanted["AttributeDefinitions"]
+        }:
+            raise ValueError(f"table {table} exists with another key schema ({sorted(schema)}); "
+                             f"fencepost needs pk (String, HASH) and sk (String, RANGE)")
     ttl = await client.describe_time_to_live(TableName=table)
     if ttl.get("TimeToLiveDescription", {}).get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
         await client.update_time_to_live(
@@ -54,13 +63,14 @@ async def create_table(client: Any, table: str, *, wait_seconds: float = 300.0) 
     return created
 
 
-async def _wait_active(client: Any, table: str, wait_seconds: float) -> None:
+async def _wait_active(client: Any, table: str, wait_seconds: float) -> dict[str, Any]:
+    """The table's description once it is ACTIVE."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
     while True:
         desc = await client.describe_table(TableName=table)
         if desc["Table"]["TableStatus"] == "ACTIVE":
-            return
+            return dict(desc["Table"])
         if loop.time() > deadline:
             raise TimeoutError(f"table {table} is still {desc['Table']['TableStatus']} after {wait_seconds}s")
         await asyncio.sleep(1.0)
