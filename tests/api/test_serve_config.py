@@ -64,6 +64,14 @@ def busy_port() -> Iterator[int]:
     # an unknown synchronous value as NORMAL, and an unknown parameter was ignored)
     pytest.param("sqlite:///x.db?synchronous=ful", "'ful'", "FULL", id="sqlite-synchronous-unknown"),
     pytest.param("sqlite:///x.db?synchronus=OFF", "synchronus", "synchronous", id="sqlite-parameter-unknown"),
+    # a number DynamoDB's client cannot use was accepted, and every call then
+    # failed (a negative read timeout: "Read timeout"; nan: "cannot convert float NaN")
+    pytest.param("dynamodb://t?region=r&read_timeout=-1", "read_timeout", "> 0", id="dynamodb-read-timeout-negative"),
+    pytest.param("dynamodb://t?region=r&connect_timeout=nan", "connect_timeout", "> 0", id="dynamodb-timeout-nan"),
+    pytest.param("dynamodb://t?region=r&pool=abc", "pool", ">= 1", id="dynamodb-pool-not-a-number"),
+    pytest.param("dynamodb://t?region=r&attempts=0", "attempts", ">= 1", id="dynamodb-attempts-zero"),
+    pytest.param("dynamodb://t?region=r&partition_cache_ttl=inf", "partition_cache_ttl", ">= 0",
+                 id="dynamodb-ttl-inf"),
 ])
 def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: str) -> None:
     # names the flag, the problem, and a form that would have worked

@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterable, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import aioboto3
@@ -132,11 +133,11 @@ class DynamoStorage(Storage):
             table,
             endpoint_url=params.get("endpoint") or None,
             region=params.get("region") or None,
-            max_connections=int(params.get("pool", 64)),
-            connect_timeout=float(params.get("connect_timeout", 2.0)),
-            read_timeout=float(params.get("read_timeout", 5.0)),
-            retry=RetryPolicy(attempts=max(1, int(params.get("attempts", 5)))),
-            partition_cache_ttl=float(params.get("partition_cache_ttl", directory.DEFAULT_TTL)),
+            max_connections=_url_number(params, "pool", 64, int, 1),
+            connect_timeout=_url_number(params, "connect_timeout", 2.0, float, 0, low_included=False),
+            read_timeout=_url_number(params, "read_timeout", 5.0, float, 0, low_included=False),
+            retry=RetryPolicy(attempts=_url_number(params, "attempts", 5, int, 1)),
+            partition_cache_ttl=_url_number(params, "partition_cache_ttl", directory.DEFAULT_TTL, float, 0),
         )
 
     # -- plumbing ----------------------------------------------------------
@@ -581,3 +582,20 @@ def _landed(
         if mine is not None and current and current.get(VERSION, {}).get("S") == mine:
             return True
     return False
+
+
+def _url_number(params: dict[str, str], name: str, default: Any, kind: Callable[[str], Any], low: float,
+                *, low_included: bool = True) -> Any:
+    """A number of the URL, refused when the client could not use it: a
+    negative or nan timeout was accepted and then failed every call."""
+    text = params.get(name)
+    if text is None:
+        return default
+    bound = f">= {low}" if low_included else f"> {low}"
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < low or (value == low and not low_included):
+        raise ValueError(f"dynamodb URL parameter {name}={text!r}: expected a finite number {bound}")
+    return value
