@@ -223,6 +223,7 @@ def _schedule(ctx: AppContext, server: HandlerRegistry) -> str:
     s = ctx.settings
     schedule = Schedule(_ledger_of(ctx), clock=s.schedule_clock or time.time, watch_segment=s.schedule_watch_seconds)
     ctx.on_identities_reloaded.append(schedule.wake_watchers)
+    ctx.on_drain.append(schedule.drain)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(schedule, ctx.auth, ctx.observer), server)
     return schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
 

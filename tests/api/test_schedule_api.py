@@ -319,3 +319,25 @@ async def test_watch_due_pushes_a_reminder_as_overdue_even_if_the_clock_moves_ba
         finally:
             task.cancel()
         assert [(r.id, r.status) for r in seen] == [("rem_1", "overdue")]
+
+
+async def test_a_shutdown_ends_an_open_watch_due_at_once() -> None:
+    """The drain ends WatchDue as it ends WatchInbox and ClaimOrphan: the
+    stream closes cleanly (the caller re-watches elsewhere) at once, instead
+    of holding every shutdown for the whole grace and then being cut."""
+    from fencepost_server.app import App
+    from fencepost_server.config import Settings
+    from fencepost_server.storage.memory import MemoryStorage
+
+    app = App(Settings(listen="127.0.0.1:0"), storage=MemoryStorage())
+    await app.start()
+    async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", timeout=10) as c:
+        sid, gen = await _held(c, "s1")
+        await c.create_reminder(sid, gen, "later", after_seconds=3600)
+        watch = Drained(c.watch_due(sid, gen))
+        await asyncio.sleep(0.3)  # the watch is open and waiting
+        started = time.monotonic()
+        await app.stop(grace=5)
+        assert time.monotonic() - started < 2
+        await watch.end()
+        assert watch.ended == [] and watch.seen == []

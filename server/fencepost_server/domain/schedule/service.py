@@ -113,6 +113,7 @@ class Schedule:
         self.storage = ledger.storage
         self.clock = clock
         self.watch_segment = watch_segment
+        self.draining = False  # shutdown has begun: open watches end
         self.cache_size = cache_size
         self._folds: OrderedDict[tuple[str, str], Fold] = OrderedDict()
         self._watchers: dict[tuple[str, str], set[asyncio.Event]] = {}
@@ -262,6 +263,12 @@ class Schedule:
         return change is not None, seq
 
     # -- watching ---------------------------------------------------------------------
+    async def drain(self) -> None:
+        """Shutdown has begun: open watches end now, cleanly (the caller
+        re-watches elsewhere), rather than holding the drain for its grace."""
+        self.draining = True
+        await self.wake_watchers()
+
     async def wake_watchers(self) -> None:
         """After the identity files were reloaded: open watches identify
         their caller again now (a revoked one ends)."""
@@ -286,7 +293,7 @@ class Schedule:
         self._watchers.setdefault(key, set()).add(wake)
         sent: set[str] = set()
         try:
-            while True:
+            while not self.draining:
                 wake.clear()
                 still_allowed()
                 await self._check_fence(tenant, sid, generation)
