@@ -317,6 +317,9 @@ class App:
         self._on_reload = ctx.on_identities_reloaded
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registry)
         enable_reflection([*self.service_names, health.SERVICE_NAME], server)
+        # NOT_SERVING until the first probe answered (grpc's default for the
+        # whole server is SERVING): the port serves before the probe returns
+        await self._set_serving(False)
         try:
             port = self._bind(server)
             if self.settings.metrics_listen:

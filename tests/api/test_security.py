@@ -394,3 +394,46 @@ async def test_health_follows_the_backend_probe() -> None:
             await wait_for(health_pb2.HealthCheckResponse.SERVING)
     finally:
         await app.stop(grace=0.2)
+
+
+async def test_health_is_not_serving_while_the_start_up_probe_waits() -> None:
+    """The port serves before the first backend probe has answered (a slow
+    or unreachable DynamoDB: up to 5 s). Health said SERVING for the whole
+    server meanwhile (grpc's default), so a readiness check sent traffic to
+    a server whose backend might be down."""
+    import socket
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    answered = asyncio.Event()
+
+    class Slow(MemoryStorage):
+        async def ping(self) -> None:
+            await answered.wait()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = App(Settings(listen=f"127.0.0.1:{port}"), storage=Slow())
+    starting = asyncio.create_task(app.start())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for _ in range(100):  # until the port serves, the probe still waiting
+                try:
+                    res = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the port never served")
+            assert not starting.done()
+            assert res.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            answered.set()
+            await starting
+            res = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+            assert res.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        answered.set()
+        await starting
+        await app.stop(grace=0.2)
