@@ -90,6 +90,11 @@ def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: s
     # gRPC's limit is a 32-bit int: past it the server failed with "unexpected OverflowError", exit 1
     pytest.param("--max-receive-bytes", "2147483648", "<= 2147483647", id="max-receive-bytes-over-int32"),
     pytest.param("--metrics-listen", "9090", "HOST:PORT", id="metrics-listen-no-host"),
+    # brackets hold an IPv6 address: these failed at bind as exit 3 with a gRPC core
+    # log line ("Unparsable name"), or served /metrics on 127.0.0.1 named "http://[]:port"
+    pytest.param("--listen", "[]:0", "IPv6", id="listen-empty-brackets"),
+    pytest.param("--listen", "[127.0.0.1]:0", "IPv6", id="listen-ipv4-in-brackets"),
+    pytest.param("--metrics-listen", "[]:0", "IPv6", id="metrics-listen-empty-brackets"),
     pytest.param("--retention-seconds", "0", "> 0", id="retention-seconds-zero"),  # passes back to back
 ])
 def test_bad_flag_value(tmp_path: Path, flag: str, value: str, expected: str) -> None:

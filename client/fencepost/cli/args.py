@@ -68,7 +68,9 @@ def host_port(text: str) -> str:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(
             f"expected HOST:PORT with PORT 1..65535 (or 0 for any free port), got {text!r}")
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+    bracketed = host.startswith("[") or host.endswith("]")
+    if (":" in host or bracketed) and not (host.startswith("[") and host.endswith("]") and ":" in host):
+        # brackets hold an IPv6 address only: gRPC cannot parse `[]` or `[127.0.0.1]`
         raise argparse.ArgumentTypeError(f"expected an IPv6 host in brackets ([::1]:PORT), got {text!r}")
     return text
 
