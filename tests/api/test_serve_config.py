@@ -60,17 +60,23 @@ def busy_port() -> Iterator[int]:
     pytest.param("postgres://x", "'postgres'", "sqlite://", id="unknown-scheme"),
     pytest.param("sqlite://", "a path", "sqlite:///", id="sqlite-without-path"),
     pytest.param("dynamodb://", "a table", "dynamodb://TABLE", id="dynamodb-without-table"),
+    # a region or folder written before the table was ignored, and the data went
+    # to a table named after it ("us-east-1"; --create-table even created it)
+    pytest.param("dynamodb://us-east-1/sessions", "'us-east-1/sessions'", "dynamodb://TABLE",
+                 id="dynamodb-table-with-a-path"),
+    pytest.param("dynamodb://me@sessions:8000", "'me@sessions:8000'", "3..255", id="dynamodb-table-not-a-name"),
+    pytest.param("dynamodb://t", "'t'", "3..255", id="dynamodb-table-too-short"),
     # a typo must not quietly run with another durability than asked for (SQLite reads
     # an unknown synchronous value as NORMAL, and an unknown parameter was ignored)
     pytest.param("sqlite:///x.db?synchronous=ful", "'ful'", "FULL", id="sqlite-synchronous-unknown"),
     pytest.param("sqlite:///x.db?synchronus=OFF", "synchronus", "synchronous", id="sqlite-parameter-unknown"),
     # a number DynamoDB's client cannot use was accepted, and every call then
     # failed (a negative read timeout: "Read timeout"; nan: "cannot convert float NaN")
-    pytest.param("dynamodb://t?region=r&read_timeout=-1", "read_timeout", "> 0", id="dynamodb-read-timeout-negative"),
-    pytest.param("dynamodb://t?region=r&connect_timeout=nan", "connect_timeout", "> 0", id="dynamodb-timeout-nan"),
-    pytest.param("dynamodb://t?region=r&pool=abc", "pool", ">= 1", id="dynamodb-pool-not-a-number"),
-    pytest.param("dynamodb://t?region=r&attempts=0", "attempts", ">= 1", id="dynamodb-attempts-zero"),
-    pytest.param("dynamodb://t?region=r&partition_cache_ttl=inf", "partition_cache_ttl", ">= 0",
+    pytest.param("dynamodb://tbl?region=r&read_timeout=-1", "read_timeout", "> 0", id="dynamodb-read-timeout-negative"),
+    pytest.param("dynamodb://tbl?region=r&connect_timeout=nan", "connect_timeout", "> 0", id="dynamodb-timeout-nan"),
+    pytest.param("dynamodb://tbl?region=r&pool=abc", "pool", ">= 1", id="dynamodb-pool-not-a-number"),
+    pytest.param("dynamodb://tbl?region=r&attempts=0", "attempts", ">= 1", id="dynamodb-attempts-zero"),
+    pytest.param("dynamodb://tbl?region=r&partition_cache_ttl=inf", "partition_cache_ttl", ">= 0",
                  id="dynamodb-ttl-inf"),
 ])
 def test_bad_backend_url(tmp_path: Path, backend: str, expected: str, example: str) -> None:
@@ -220,7 +226,7 @@ def test_create_table_needs_a_dynamodb_backend(tmp_path: Path) -> None:
                    "--create-table", "dynamodb://")
 
 
-@pytest.mark.parametrize("backend", ["memory://", "sqlite://{tmp}/elsewhere.db", "dynamodb://t?region=us-east-1"])
+@pytest.mark.parametrize("backend", ["memory://", "sqlite://{tmp}/elsewhere.db", "dynamodb://tbl?region=us-east-1"])
 def test_state_root_with_a_backend_is_refused(tmp_path: Path, backend: str) -> None:
     """--state-root only places the default SQLite file: with --backend it
     would be ignored, and an operator who gave both (expecting the data under
@@ -240,7 +246,7 @@ def test_create_table_that_fails_is_a_start_failure(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]  # nothing listens there once closed
     res = serve("--listen", "127.0.0.1:0", "--create-table", "--log-level", "WARNING",
-                "--backend", f"dynamodb://t?region=us-east-1&endpoint=http://127.0.0.1:{closed}&attempts=1",
+                "--backend", f"dynamodb://tbl?region=us-east-1&endpoint=http://127.0.0.1:{closed}&attempts=1",
                 cwd=tmp_path, prefix=("env", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=y"))
     assert_refused(res, START_FAILED, "--create-table", "endpoint unreachable")
 
@@ -250,9 +256,9 @@ def test_create_table_accepts_a_dynamodb_scheme_in_any_case() -> None:
     --create-table must too."""
     from fencepost_server.cli import _preflight, build_parser
 
-    args = build_parser().parse_args(["serve", "--create-table", "--backend", "DynamoDB://t?region=us-east-1",
+    args = build_parser().parse_args(["serve", "--create-table", "--backend", "DynamoDB://tbl?region=us-east-1",
                                       "--listen", "127.0.0.1:0"])
-    assert _preflight(args).backend == "DynamoDB://t?region=us-east-1"
+    assert _preflight(args).backend == "DynamoDB://tbl?region=us-east-1"
 
 
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:

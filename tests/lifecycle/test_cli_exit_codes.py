@@ -57,7 +57,7 @@ CASES = [
     # damaged (4)
     (4, ["restore", "--backend", "sqlite://{t}/new.db", "--in", "{t}/file"], "not a fencepost archive"),
     # a backend that does not answer (1)
-    (1, ["backup", "--backend", "dynamodb://t?endpoint=http://127.0.0.1:{port}&region=us-east-1",
+    (1, ["backup", "--backend", "dynamodb://tbl?endpoint=http://127.0.0.1:{port}&region=us-east-1",
          "--out", "{t}/o.arch"], "cannot reach"),
 ]
 
@@ -111,7 +111,7 @@ def test_a_source_that_does_not_answer_is_named_before_anything_is_written(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     url = (backend_url(unique_table()) if source == "missing table" else
-           f"dynamodb://t?endpoint=http://127.0.0.1:{_closed_port()}&region=us-east-1&attempts=1")
+           f"dynamodb://tbl?endpoint=http://127.0.0.1:{_closed_port()}&region=us-east-1&attempts=1")
     done = cli("migrate", "--from", url, "--to", f"sqlite://{tmp_path / 'b.db'}", "--work-dir", str(tmp_path / "w"))
     assert done.returncode == 1, done.stderr
     assert url in done.stderr and "Traceback" not in done.stderr

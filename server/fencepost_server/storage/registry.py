@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -69,7 +70,22 @@ def parse_backend_url(url: str) -> tuple[Factory, str, dict[str, str]]:
     params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if parts.scheme == "sqlite":
         _check_sqlite_params(params, url)
+    if parts.scheme == "dynamodb":
+        _check_table(unquote(parts.netloc + parts.path) if parts.netloc else location, url)
     return factory, location, params
+
+
+#: DynamoDB's table names: 3..255 of letters, digits, `_`, `-`, `.`
+_TABLE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
+
+
+def _check_table(table: str, url: str) -> None:
+    """Refused here, not by the first call: a path after the table (a region
+    or folder written before it) was ignored, and the data went to a table
+    named after the first part."""
+    if not _TABLE.fullmatch(table):
+        raise ValueError(f"expected a DynamoDB table name (3..255 of A-Z a-z 0-9 _ - .) in "
+                         f"dynamodb://TABLE?endpoint=URL&region=R, got {table!r} in {url!r}")
 
 
 #: PRAGMA synchronous levels (SQLite reads any other word as NORMAL, silently)
