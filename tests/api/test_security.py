@@ -437,3 +437,32 @@ async def test_health_is_not_serving_while_the_start_up_probe_waits() -> None:
         answered.set()
         await starting
         await app.stop(grace=0.2)
+
+
+async def test_an_rpc_the_caller_gave_up_on_is_not_counted_ok() -> None:
+    """A unary call past its deadline and a stream the caller cancelled end
+    the handler with a cancellation, not an exception: they were counted as
+    code OK, so timeouts never showed in an error rate."""
+    from prometheus_client import generate_latest
+
+    app = App(Settings(listen="127.0.0.1:0"), storage=MemoryStorage())
+    await app.start()
+    try:
+        async with fencepost.AsyncClient(f"127.0.0.1:{app.port}", retry=fencepost.NO_RETRY, timeout=10) as c:
+            with pytest.raises(errors.FencepostError):
+                await c.claim_orphan("w", ttl=5, wait=5, timeout=0.3)
+            sid = (await c.open_session("agent", "k")).session_id
+            gen = (await c.acquire_lease(sid, "A", ttl=60)).generation
+            watch = asyncio.create_task(anext(aiter(c.watch_inbox(sid, gen))))
+            await asyncio.sleep(0.3)
+            watch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await watch
+        await asyncio.sleep(0.5)  # the handlers see the cancellation
+        text = generate_latest(app.metrics.registry).decode()
+        assert 'code="OK",method="Ledger/ClaimOrphan"' not in text, text
+        assert 'code="DEADLINE_EXCEEDED",method="Ledger/ClaimOrphan"} 1.0' in text, text
+        assert 'code="OK",method="Ledger/WatchInbox"' not in text, text
+        assert 'code="CANCELLED",method="Ledger/WatchInbox"} 1.0' in text, text
+    finally:
+        await app.stop(grace=0.2)

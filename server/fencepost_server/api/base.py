@@ -10,6 +10,7 @@ Servicer methods are wrapped by `unary` / `server_stream`, which
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
@@ -201,6 +202,9 @@ def unary(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]) ->
         except Exception as exc:
             outcome, status = _failure(name, exc)
             await context.abort_with_status(rpc_status.to_status(status))
+        except asyncio.CancelledError:
+            outcome = _given_up(context)
+            raise
         finally:
             self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
             if span is not None:
@@ -232,6 +236,9 @@ def server_stream(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterat
         except Exception as exc:
             outcome, status = _failure(name, exc)
             await context.abort_with_status(rpc_status.to_status(status))
+        except (asyncio.CancelledError, GeneratorExit):  # GeneratorExit: closed at a yield
+            outcome = _given_up(context)
+            raise
         finally:
             self.observer.rpc_done(name, outcome[0], outcome[1], time.perf_counter() - started)
             if span is not None:
@@ -247,6 +254,14 @@ def _auth_generation(auth: Authenticator) -> int:
 
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 _OK = ("OK", "")
+
+
+def _given_up(context: grpc.aio.ServicerContext) -> tuple[str, str]:
+    """The outcome of a handler cancelled because its call ended first: its
+    deadline passed, or the caller (or the drain's grace) cancelled it. Never
+    OK: nothing was answered."""
+    remaining = context.time_remaining()
+    return ("DEADLINE_EXCEEDED", "") if remaining is not None and remaining <= 0 else ("CANCELLED", "")
 
 
 def _failure(method: str, exc: Exception) -> tuple[tuple[str, str], status_pb2.Status]:
