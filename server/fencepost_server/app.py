@@ -320,16 +320,21 @@ class App:
         # NOT_SERVING until the first probe answered (grpc's default for the
         # whole server is SERVING): the port serves before the probe returns
         await self._set_serving(False)
+        flag, listen = "--listen", self.settings.listen
         try:
             port = self._bind(server)
             if self.settings.metrics_listen:
-                self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+                flag, listen = "--metrics-listen", self.settings.metrics_listen
+                self.metrics_port = self.metrics.serve(listen)
             await server.start()
         except BaseException as exc:
             self.metrics.stop()
             await server.stop(0)
             if isinstance(exc, (OSError, RuntimeError)):
-                raise StartFailure(f"cannot listen: {exc}") from exc
+                # as check_listen says it (a name it could not tell apart from the
+                # other flag's address, or a port taken since the check)
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise StartFailure(f"cannot listen on {listen} ({flag}): {reason}") from exc
             raise
         self.server, self.port = server, port
         # Health starts as the backend answers now: NOT_SERVING (with the

@@ -384,6 +384,17 @@ def test_metrics_ports_of_every_worker_are_checked(tmp_path: Path) -> None:
         assert_refused(res, START_FAILED, "--metrics-listen", str(busy_port), "in use")
 
 
+def test_metrics_on_the_grpc_port_by_another_name(tmp_path: Path) -> None:
+    """localhost and 127.0.0.1 are different text, one address: the checks
+    pass, gRPC takes the port, and /metrics then failed with "cannot listen:
+    [Errno 98] Address already in use", naming neither flag nor port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = serve("--listen", f"localhost:{port}", "--metrics-listen", f"127.0.0.1:{port}", cwd=tmp_path)
+    assert_refused(res, START_FAILED, "--metrics-listen", f"127.0.0.1:{port}", "in use")
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as s:
