@@ -53,6 +53,7 @@ _MESSAGE_BYTES = int_between(1024 * 1024, 2**31 - 1, "1 MiB: a largest key and v
                                                      "half of it; gRPC's limit is a 32-bit integer")
 
 _STATE_ROOT = Path(".fencepost")
+_RETENTION_SECONDS, _RETENTION_BATCH = 60.0, 1000
 _WORKERS = int_between(1, workers.MAX_WORKERS, "each worker is a whole server process")
 
 
@@ -107,10 +108,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     ret.add_argument("--retain-commit-markers", type=non_negative_seconds, default=0.0, metavar="SECONDS",
                      help="delete commit_id idempotency markers older than this (a retry after it is "
                           "not replayed; it fails with SEQUENCE_MISMATCH)")
-    ret.add_argument("--retention-seconds", type=positive_seconds, default=60.0, metavar="SECONDS",
-                     help="one bounded retention pass this often (default %(default)s)")
-    ret.add_argument("--retention-batch", type=positive_int, default=1000, metavar="N",
-                     help="list calls per retention pass (default %(default)s)")
+    # default None: given without a --retain-* flag it is refused, not ignored (see _preflight)
+    ret.add_argument("--retention-seconds", type=positive_seconds, default=None, metavar="SECONDS",
+                     help=f"one bounded retention pass this often, with a --retain-* flag "
+                          f"(default {_RETENTION_SECONDS})")
+    ret.add_argument("--retention-batch", type=positive_int, default=None, metavar="N",
+                     help=f"list calls per retention pass, with a --retain-* flag (default {_RETENTION_BATCH})")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -133,8 +136,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         retain_idle_sessions_seconds=args.retain_idle_sessions,
         retain_journal_archives_seconds=args.retain_journal_archives,
         retain_commit_markers_seconds=args.retain_commit_markers,
-        retention_seconds=args.retention_seconds,
-        retention_batch=args.retention_batch,
+        retention_seconds=args.retention_seconds or _RETENTION_SECONDS,
+        retention_batch=args.retention_batch or _RETENTION_BATCH,
     )
 
 
@@ -228,6 +231,11 @@ def _preflight(args: argparse.Namespace) -> Settings:
         raise ConfigError(f"argument --state-root: only places the default SQLite backend's fencepost.db; "
                           f"--backend {args.backend} says where the data is (give one of the two)")
     check_config(settings, insecure=args.insecure)
+    for flag, given in (("--retention-seconds", args.retention_seconds), ("--retention-batch", args.retention_batch)):
+        if given is not None and not settings.retention_config().enabled:
+            raise ConfigError(f"argument {flag}: paces retention passes, and none runs without "
+                              "--retain-idle-sessions, --retain-journal-archives or --retain-commit-markers "
+                              "(everything is kept)")
     if args.create_table and settings.backend_scheme() != "dynamodb":
         raise ConfigError("argument --create-table: needs a dynamodb:// --backend")
     refused = workers.refusal(settings, args.workers)

@@ -261,6 +261,25 @@ def test_create_table_accepts_a_dynamodb_scheme_in_any_case() -> None:
     assert _preflight(args).backend == "DynamoDB://tbl?region=us-east-1"
 
 
+@pytest.mark.parametrize("flag", ["--retention-seconds=30", "--retention-batch=50"])
+def test_retention_pacing_without_anything_to_retain_is_refused(tmp_path: Path, flag: str) -> None:
+    """--retention-seconds reads as "keep this long": alone it only paced
+    passes that never run, and the server kept everything, saying nothing."""
+    assert_refused(serve(flag, cwd=tmp_path), USAGE, flag.split("=")[0], "--retain-idle-sessions")
+
+
+def test_retention_pacing_with_something_to_retain_passes_the_checks() -> None:
+    from fencepost_server.cli import _preflight, build_parser
+
+    args = build_parser().parse_args(["serve", "--backend", "memory://", "--listen", "127.0.0.1:0",
+                                      "--retain-commit-markers", "600", "--retention-seconds", "30",
+                                      "--retention-batch", "50"])
+    settings = _preflight(args)
+    assert (settings.retention_seconds, settings.retention_batch) == (30.0, 50)
+    defaults = _preflight(build_parser().parse_args(["serve", "--backend", "memory://", "--listen", "127.0.0.1:0"]))
+    assert (defaults.retention_seconds, defaults.retention_batch) == (60.0, 1000)
+
+
 def test_non_loopback_without_authentication(tmp_path: Path) -> None:
     assert_refused(serve("--listen", "0.0.0.0:0", cwd=tmp_path), USAGE, "without authentication", "--insecure")
 
