@@ -55,6 +55,11 @@ def check_config(settings: Settings, *, insecure: bool = False) -> None:
         # tenant with the operator role: the map says the operator meant otherwise
         raise ConfigError("argument --spiffe-map needs a source of SPIFFE ids: --tls-client-ca (mTLS) "
                           "or --trust-xfcc (the sidecar's x-forwarded-client-cert)")
+    if (settings.tls_client_ca or settings.trust_xfcc) and not (settings.spiffe_map or settings.tokens_file):
+        # every caller would be refused: no SPIFFE id maps to a tenant, and no token does
+        source = "--tls-client-ca" if settings.tls_client_ca else "--trust-xfcc"
+        raise ConfigError(f"argument {source}: a SPIFFE id needs --spiffe-map to name its tenant and role "
+                          "(or give --tokens-file for bearer tokens); without either every call is refused")
     check_tls_files(settings)
     if settings.tokens_file or settings.spiffe_map:
         from .security import IdentityMap

@@ -348,12 +348,29 @@ def test_tls_files_that_do_not_parse(tmp_path: Path, tls_pairs: dict[str, Path],
     assert_refused(serve(*argv, cwd=tmp_path), USAGE, expected)
 
 
-def test_tls_files_that_parse_pass_the_check(tls_pairs: dict[str, Path]) -> None:
+def test_tls_files_that_parse_pass_the_check(tls_pairs: dict[str, Path], tmp_path: Path) -> None:
     from fencepost_server.config import Settings
     from fencepost_server.startup import check_config
 
+    spiffe = tmp_path / "spiffe.json"
+    spiffe.write_text('{"spiffe": [{"id": "spiffe://corp/ns/a/sa/x", "tenant": "a", "role": "service"}]}')
     check_config(Settings(listen="127.0.0.1:0", tls_cert=tls_pairs["a.crt"], tls_key=tls_pairs["a.key"],
-                          tls_client_ca=tls_pairs["b.crt"]))
+                          tls_client_ca=tls_pairs["b.crt"], spiffe_map=spiffe))
+
+
+@pytest.mark.parametrize("source", ["--tls-client-ca", "--trust-xfcc"])
+def test_a_source_of_spiffe_ids_without_a_map_or_tokens(tmp_path: Path, tls_pairs: dict[str, Path],
+                                                       source: str) -> None:
+    """Without --spiffe-map no SPIFFE id maps to a tenant, and without
+    --tokens-file nothing else can: the server started, and refused every
+    call ("SPIFFE id ... is not mapped to a tenant")."""
+    argv = ["--listen", "127.0.0.1:0"]
+    if source == "--tls-client-ca":
+        argv += ["--tls-cert", str(tls_pairs["a.crt"]), "--tls-key", str(tls_pairs["a.key"]),
+                 "--tls-client-ca", str(tls_pairs["b.crt"])]
+    else:
+        argv += ["--trust-xfcc"]
+    assert_refused(serve(*argv, cwd=tmp_path, timeout=20), USAGE, source, "--spiffe-map", "--tokens-file")
 
 
 @pytest.mark.parametrize(("listen", "metrics", "workers"), [
