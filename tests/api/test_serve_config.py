@@ -75,6 +75,11 @@ def busy_port() -> Iterator[int]:
     pytest.param("dynamodb://tbl?region=r&read_timeout=-1", "read_timeout", "> 0", id="dynamodb-read-timeout-negative"),
     pytest.param("dynamodb://tbl?region=r&connect_timeout=nan", "connect_timeout", "> 0", id="dynamodb-timeout-nan"),
     pytest.param("dynamodb://tbl?region=r&pool=abc", "pool", ">= 1", id="dynamodb-pool-not-a-number"),
+    # the server started NOT SERVING forever: "Invalid endpoint: localhost:8000"
+    pytest.param("dynamodb://tbl?region=r&endpoint=localhost:8000", "'localhost:8000'", "http://HOST:PORT",
+                 id="dynamodb-endpoint-without-scheme"),
+    pytest.param("dynamodb://tbl?region=r&endpoint=ftp://h:1", "'ftp://h:1'", "http://HOST:PORT",
+                 id="dynamodb-endpoint-not-http"),
     pytest.param("dynamodb://tbl?region=r&attempts=0", "attempts", ">= 1", id="dynamodb-attempts-zero"),
     pytest.param("dynamodb://tbl?region=r&partition_cache_ttl=inf", "partition_cache_ttl", ">= 0",
                  id="dynamodb-ttl-inf"),

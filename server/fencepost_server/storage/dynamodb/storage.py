@@ -34,6 +34,7 @@ import dataclasses
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import aioboto3
 from aiobotocore.config import AioConfig
@@ -129,9 +130,16 @@ class DynamoStorage(Storage):
         unknown = set(params) - known
         if unknown:
             raise ValueError(f"unknown dynamodb URL parameter(s): {', '.join(sorted(unknown))}")
+        endpoint = params.get("endpoint") or None
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                # botocore takes it and every call fails ("Invalid endpoint"): refused at start-up
+                raise ValueError(f"dynamodb URL parameter endpoint={endpoint!r}: expected http://HOST:PORT "
+                                 "or https://HOST")
         return cls(
             table,
-            endpoint_url=params.get("endpoint") or None,
+            endpoint_url=endpoint,
             region=params.get("region") or None,
             max_connections=_url_number(params, "pool", 64, int, 1),
             connect_timeout=_url_number(params, "connect_timeout", 2.0, float, 0, low_included=False),
