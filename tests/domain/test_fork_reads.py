@@ -88,3 +88,31 @@ async def test_fork_reads_split_by_bytes_at_the_budget(storage: Storage) -> None
             for p in parts:
                 assert p and (len(p) == 1 or sum(len(d) + 64 for _, d in p) <= budget), [len(d) for _, d in p]
 
+
+async def test_a_fork_deleted_as_its_read_starts_is_the_session_not_found(storage: Storage) -> None:
+    """The tree goes between the fork's meta read and its parent's: the
+    refusal names the session asked for, not its parent."""
+    import pytest
+
+    from fencepost_server.domain.errors import NotFound
+
+    ledger = Ledger(storage)
+    view, _ = await ledger.open(T, "agent", "p")
+    parent = view.session_id
+    g = (await ledger.acquire(T, parent, "A", ttl=60)).generation
+    await ledger.commit(T, parent, g, 0, [b"p1", b"p2"])
+    child = (await ledger.fork(T, parent, 2, "c")).session_id
+    parent_meta = ledger.keys(T, parent).meta
+    inner_get, armed = storage.get, [True]
+
+    async def get(key: str):  # type: ignore[no-untyped-def]
+        if key == parent_meta and armed[0]:
+            armed[0] = False
+            await ledger.delete_session(T, parent, descendants=True, force=True)
+        return await inner_get(key)
+
+    storage.get = get  # type: ignore[method-assign]
+    with pytest.raises(NotFound) as exc:
+        await _log(ledger, child)
+    assert not armed[0]
+    assert exc.value.metadata["session_id"] == child

@@ -95,8 +95,11 @@ class ForkMethods(ListingMethods):
         meta = await self.read_meta(sk)
         if meta.parent and from_seq <= meta.seed_length:
             stop = meta.seed_length if upto is None else min(upto, meta.seed_length)
-            async for page in self.log_pages(tenant, meta.parent, from_seq, stop):
-                yield page
+            try:
+                async for page in self.log_pages(tenant, meta.parent, from_seq, stop):
+                    yield page
+            except NotFound:  # an ancestor goes only after its forks (erase.py): so has this one
+                raise session_not_found(sid) from None
             from_seq = meta.seed_length + 1
         if upto is not None and from_seq > upto:
             return
