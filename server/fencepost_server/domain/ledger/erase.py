@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fencepost import reasons
 
 from ...storage import Check, Delete, Expect, Put, Write
-from ..errors import FailedPrecondition
+from ..errors import FailedPrecondition, NotFound
 from ..prefix import delete_prefix
 from .core import contended
 from .layout import (
@@ -136,7 +136,10 @@ class EraseMethods(SessionMethods):
                         {"session_id": sk.sid, "forks": len(live), "fork_session_ids": ",".join(live[:10])},
                     )
                 for child in live:
-                    await self._tombstone_tree(self.keys(sk.tenant, child), force, True, out)
+                    try:
+                        await self._tombstone_tree(self.keys(sk.tenant, child), force, True, out)
+                    except NotFound:
+                        pass  # erased whole by another delete since it was listed live: gone, as asked
                 continue  # read the marker again: every fork is tombstoned now
             meta = Meta.decode(meta_i.value)
             checks: list[Check] = [
