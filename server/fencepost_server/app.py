@@ -197,7 +197,9 @@ def _journal_of(ctx: AppContext) -> Journal:
         s = ctx.settings
         config = JournalConfig(
             flush_seconds=s.journal_flush_seconds, flush_bytes=s.journal_flush_bytes,
-            max_journal_bytes=s.max_journal_bytes,
+            # StoreApiService's memory.read answers the live journal in one
+            # message: it rotates well inside the largest one this server sends
+            max_journal_bytes=min(s.max_journal_bytes, s.max_receive_bytes // 2),
         )
         journal = Journal(
             ctx.storage, ctx.limits, config, requests=ctx.requests, pages=ctx.pages, events=ctx.events

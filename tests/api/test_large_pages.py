@@ -61,3 +61,20 @@ async def test_ab_samples_and_reminders(storage: Storage) -> None:
         for n in range(8):
             await c.create_reminder(sid, gen, f"{n} " + "p" * BIG, after_seconds=3600)
         assert len([r async for r in c.list_reminders(sid)]) == 8
+
+
+async def test_store_api_memory_read_of_a_journal_grown_past_the_limit(storage: Storage) -> None:
+    """StoreApiService `memory.read` answers the whole live journal in one
+    message, and the journal rotated at 5 MiB whatever the server's message
+    limit: past 1 MiB of journal it failed with RESOURCE_EXHAUSTED ("Sent
+    message larger than max") and no ErrorInfo, so what was journaled could
+    not be read back on that lane."""
+    async with running(storage, max_receive_bytes=LIMIT) as srv, srv.client(timeout=30) as c:
+        rec = {"at": "2026-01-01T00:00:00Z", "sessionId": "s", "channelId": "c", "status": "completed"}
+        for n in range(80):  # ~1.2 MB of records of ~15 KB
+            await c.append_turn("agent", {**rec, "pad": f"{n:03d}" + "x" * 15_000})
+        out = await c.store_call("memory.read", {"agent": "agent"})
+        live = await c.read_journal("agent")
+        assert live is not None and out["journal"]["jsonl"].encode() == live.data
+        assert out["journal"]["sizeBytes"] <= LIMIT // 2
+        assert [a async for a in c.list_archives("agent")], "the journal rotated below the message limit"
